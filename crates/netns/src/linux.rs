@@ -1,0 +1,183 @@
+//! Linux system calls behind the crate's `imp` switch: opening and validating nsfs
+//! descriptors, `setns(2)`, `unshare(2)`, the `pre_exec` hook and Linux-only socket options.
+
+use std::{
+    fs::File,
+    io,
+    os::{
+        fd::{AsRawFd, BorrowedFd, OwnedFd},
+        unix::process::CommandExt,
+    },
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use nix::{
+    errno::Errno,
+    sched::CloneFlags,
+    sys::{stat::fstat, statfs},
+};
+use socket2::Socket;
+
+use crate::{
+    NetnsError, NetnsId,
+    socket::{SocketError, SocketOptions, Transparent},
+};
+
+// NS_GET_NSTYPE = _IO(0xb7, 0x3) from <linux/nsfs.h>; the libc crate does not export it.
+nix::ioctl_none!(ns_get_nstype, 0xb7, 0x3);
+
+/// The calling thread's own namespace. `/proc/self/ns/net` would name the thread-group
+/// leader's namespace, which differs from ours after a `setns` on this thread.
+pub(crate) fn current_thread_path() -> PathBuf {
+    PathBuf::from(format!("/proc/self/task/{}/ns/net", nix::unistd::gettid()))
+}
+
+pub(crate) fn open(path: &Path) -> Result<OwnedFd, NetnsError> {
+    // std opens with O_CLOEXEC, so namespace descriptors never leak into children.
+    File::open(path)
+        .map(OwnedFd::from)
+        .map_err(|source| NetnsError::Open {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// Checks that `fd` is a network namespace and returns its identity.
+pub(crate) fn inspect(fd: BorrowedFd<'_>, what: &str) -> Result<NetnsId, NetnsError> {
+    let inspect_err = |e: Errno| NetnsError::Inspect {
+        what: what.to_owned(),
+        source: e.into(),
+    };
+    // SAFETY: NS_GET_NSTYPE takes no argument and only inspects the descriptor, which is
+    // valid for the duration of the call because we hold a BorrowedFd.
+    let is_net = match unsafe { ns_get_nstype(fd.as_raw_fd()) } {
+        Ok(nstype) => nstype == libc::CLONE_NEWNET,
+        // ENOTTY: not an nsfs file, or a kernel before 4.11 without the ioctl. Fall back to
+        // the filesystem magic, which at least proves it is *a* namespace; setns with
+        // CLONE_NEWNET still rejects a namespace of another type later.
+        Err(Errno::ENOTTY) | Err(Errno::EINVAL) => {
+            let fs = statfs::fstatfs(fd).map_err(inspect_err)?;
+            fs.filesystem_type() == statfs::NSFS_MAGIC
+        }
+        Err(e) => return Err(inspect_err(e)),
+    };
+    if !is_net {
+        return Err(NetnsError::NotNetns {
+            what: what.to_owned(),
+        });
+    }
+    let st = fstat(fd).map_err(inspect_err)?;
+    // The casts only widen: st_ino and st_dev are u64 on every Linux target we build for,
+    // narrower on none.
+    #[allow(clippy::unnecessary_cast)]
+    Ok(NetnsId {
+        ino: st.st_ino as u64,
+        dev: st.st_dev as u64,
+    })
+}
+
+/// Moves the calling thread into the namespace behind `fd`.
+pub(crate) fn enter(fd: BorrowedFd<'_>, target: NetnsId) -> Result<(), NetnsError> {
+    nix::sched::setns(fd, CloneFlags::CLONE_NEWNET).map_err(|e| NetnsError::Enter {
+        target,
+        source: e.into(),
+    })
+}
+
+/// Creates a new, unnamed network namespace and returns a descriptor to it.
+///
+/// `unshare(CLONE_NEWNET)` only affects the calling thread, so it runs on a throwaway
+/// thread; the namespace then lives exactly as long as the returned descriptor.
+pub(crate) fn create_anonymous() -> Result<OwnedFd, NetnsError> {
+    std::thread::scope(|s| {
+        let handle = std::thread::Builder::new()
+            .name("netns-create".into())
+            .spawn_scoped(s, || {
+                nix::sched::unshare(CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| NetnsError::Create(e.into()))?;
+                open(&current_thread_path())
+            })
+            .map_err(NetnsError::Spawn)?;
+        handle
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Makes `cmd` call `setns` into `fd` in the child, between fork and exec.
+pub(crate) fn set_pre_exec(cmd: &mut Command, fd: OwnedFd) -> Result<(), NetnsError> {
+    // SAFETY: the hook runs in the forked child before exec. It only calls setns(2), which
+    // is async-signal-safe, and builds an io::Error from a raw errno, which does not
+    // allocate. The closure owns `fd`, so the descriptor is open in the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sched::setns(&fd, CloneFlags::CLONE_NEWNET)
+                .map_err(|e| io::Error::from_raw_os_error(e as i32))
+        });
+    }
+    Ok(())
+}
+
+/// Applies the options that only Linux has (or that we only support on Linux).
+pub(crate) fn apply_options(
+    sock: &Socket,
+    ipv6: bool,
+    opts: &SocketOptions,
+    mark: Option<u32>,
+) -> Result<(), SocketError> {
+    let opt_err = |option: &'static str| move |source| SocketError::Option { option, source };
+    if let Some(mark) = mark {
+        sock.set_mark(mark).map_err(opt_err("SO_MARK"))?;
+    }
+    if opts.reuse_port {
+        sock.set_reuse_port(true).map_err(opt_err("SO_REUSEPORT"))?;
+    }
+    if opts.transparent != Transparent::Off {
+        // On an AF_INET6 socket IPV6_TRANSPARENT sets the same flag that also covers
+        // IPv4-mapped traffic, so one option per family is enough.
+        let res = if ipv6 {
+            sock.set_ip_transparent_v6(true)
+        } else {
+            sock.set_ip_transparent_v4(true)
+        };
+        match (res, opts.transparent) {
+            (Ok(()), _) => {}
+            // Best effort: without CAP_NET_ADMIN the socket still works, only the
+            // source-address spoofing it would allow is lost; the caller asked us to go on.
+            (Err(_), Transparent::BestEffort) => {}
+            (Err(source), _) => {
+                return Err(SocketError::Option {
+                    option: "IP_TRANSPARENT",
+                    source,
+                });
+            }
+        }
+    }
+    if opts.freebind {
+        let res = if ipv6 {
+            sock.set_freebind_v6(true)
+        } else {
+            sock.set_freebind_v4(true)
+        };
+        res.map_err(opt_err("IP_FREEBIND"))?;
+    }
+    Ok(())
+}
+
+/// `SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST`: where a REDIRECTed connection was headed.
+/// IPv4 first: on a dual-stack listener an IPv4 connection is tracked by the IPv4 conntrack.
+pub(crate) fn original_dst(sock: &socket2::SockRef<'_>) -> io::Result<std::net::SocketAddr> {
+    let v4 = sock.original_dst_v4();
+    let addr = match v4 {
+        Ok(a) => a,
+        Err(_) => sock.original_dst_v6()?,
+    };
+    addr.as_socket()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "original dst is not IP"))
+}
+
+/// Whether IP_TRANSPARENT (or its IPv6 twin) is set on the socket.
+pub(crate) fn is_transparent(sock: &socket2::SockRef<'_>, ipv6: bool) -> io::Result<bool> {
+    if ipv6 { sock.ip_transparent_v6() } else { sock.ip_transparent_v4() }
+}

@@ -1,0 +1,69 @@
+//! Stub behind the crate's `imp` switch for platforms without network namespaces: every
+//! namespace operation reports [`NetnsError::Unsupported`]; plain sockets still work.
+
+use std::{
+    os::fd::{BorrowedFd, OwnedFd},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use socket2::Socket;
+
+use crate::{
+    NetnsError, NetnsId,
+    socket::{SocketError, SocketOptions, Transparent},
+};
+
+pub(crate) fn current_thread_path() -> PathBuf {
+    PathBuf::from("/proc/thread-self/ns/net")
+}
+
+pub(crate) fn open(_path: &Path) -> Result<OwnedFd, NetnsError> {
+    Err(NetnsError::Unsupported)
+}
+
+pub(crate) fn inspect(_fd: BorrowedFd<'_>, _what: &str) -> Result<NetnsId, NetnsError> {
+    Err(NetnsError::Unsupported)
+}
+
+pub(crate) fn enter(_fd: BorrowedFd<'_>, _target: NetnsId) -> Result<(), NetnsError> {
+    Err(NetnsError::Unsupported)
+}
+
+pub(crate) fn create_anonymous() -> Result<OwnedFd, NetnsError> {
+    Err(NetnsError::Unsupported)
+}
+
+pub(crate) fn set_pre_exec(_cmd: &mut Command, _fd: OwnedFd) -> Result<(), NetnsError> {
+    Err(NetnsError::Unsupported)
+}
+
+pub(crate) fn apply_options(
+    _sock: &Socket,
+    _ipv6: bool,
+    opts: &SocketOptions,
+    mark: Option<u32>,
+) -> Result<(), SocketError> {
+    let unsupported = |option| Err(SocketError::Unsupported { option });
+    if mark.is_some() {
+        return unsupported("SO_MARK");
+    }
+    if opts.reuse_port {
+        return unsupported("SO_REUSEPORT");
+    }
+    if opts.transparent == Transparent::Required {
+        return unsupported("IP_TRANSPARENT");
+    }
+    if opts.freebind {
+        return unsupported("IP_FREEBIND");
+    }
+    Ok(())
+}
+
+pub(crate) fn original_dst(_sock: &socket2::SockRef<'_>) -> std::io::Result<std::net::SocketAddr> {
+    Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+}
+
+pub(crate) fn is_transparent(_sock: &socket2::SockRef<'_>, _ipv6: bool) -> std::io::Result<bool> {
+    Ok(false)
+}

@@ -1,0 +1,376 @@
+//! Behaviour of namespace descriptors, `in_netns`, namespace threads, commands and the
+//! socket factory. Tests that need privileges go through `netns_capable_or_skip`.
+
+#![cfg(target_os = "linux")]
+
+use std::{
+    io::{ErrorKind, Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    panic::{AssertUnwindSafe, catch_unwind},
+    process::Command,
+    time::Duration,
+};
+
+use ambit_netns::{
+    DefaultSocketFactory, NetnsError, NetnsFd, NetnsSocketFactory, SocketFactory, SocketOptions,
+    Transparent, connect_tcp, in_netns, run_in_netns_thread, set_command_netns,
+    testing::netns_capable_or_skip,
+};
+use socket2::Socket;
+
+/// A fresh namespace with `lo` up, so loopback sockets work in it. It disappears when
+/// the descriptor drops: nothing to clean up.
+fn namespace_with_lo() -> NetnsFd {
+    let ns = NetnsFd::create_anonymous().expect("create namespace");
+    let mut cmd = Command::new("ip");
+    cmd.args(["link", "set", "lo", "up"]);
+    set_command_netns(&mut cmd, &ns).expect("set netns");
+    let status = cmd.status().expect("run ip");
+    assert!(status.success(), "ip link set lo up failed: {status}");
+    ns
+}
+
+fn interface_names() -> Vec<String> {
+    nix::net::if_::if_nameindex()
+        .expect("if_nameindex")
+        .iter()
+        .map(|i| i.name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn current_id() -> ambit_netns::NetnsId {
+    NetnsFd::current_thread().expect("current netns").identity()
+}
+
+type ErrorCheck = fn(&NetnsError) -> bool;
+
+#[test]
+fn open_rejects_what_is_not_a_network_namespace() {
+    let file = tempfile::NamedTempFile::new().expect("tempfile");
+    let cases: [(&str, std::path::PathBuf, ErrorCheck); 3] = [
+        ("regular file", file.path().to_owned(), |e| {
+            matches!(e, NetnsError::NotNetns { .. })
+        }),
+        ("uts namespace", "/proc/self/ns/uts".into(), |e| {
+            matches!(e, NetnsError::NotNetns { .. })
+        }),
+        ("missing path", "/nonexistent/ambit/netns".into(), |e| {
+            matches!(e, NetnsError::Open { .. })
+        }),
+    ];
+    for (name, path, expected) in cases {
+        let err = NetnsFd::open(&path).expect_err(name);
+        assert!(expected(&err), "{name}: unexpected error {err:?}");
+    }
+    let fd = std::os::fd::OwnedFd::from(file.reopen().expect("reopen"));
+    assert!(matches!(
+        NetnsFd::from_owned_fd(fd),
+        Err(NetnsError::NotNetns { .. })
+    ));
+}
+
+#[test]
+fn identity_is_stable_per_namespace_and_differs_between_namespaces() {
+    let a = NetnsFd::current_thread().expect("current");
+    let b = NetnsFd::open("/proc/self/ns/net").expect("self");
+    let c = NetnsFd::from_pid(std::process::id()).expect("pid");
+    assert_eq!(a.identity(), b.identity());
+    assert_eq!(a.identity(), c.identity());
+    assert!(a.same_namespace(&a.try_clone().expect("clone")));
+    let fd = a.try_clone().expect("clone").into_owned_fd();
+    assert_eq!(
+        NetnsFd::from_owned_fd(fd).expect("from fd").identity(),
+        a.identity()
+    );
+
+    if !netns_capable_or_skip("identity_is_stable_per_namespace_and_differs_between_namespaces") {
+        return;
+    }
+    let x = NetnsFd::create_anonymous().expect("x");
+    let y = NetnsFd::create_anonymous().expect("y");
+    assert_ne!(x.identity(), y.identity());
+    assert_ne!(x.identity(), a.identity());
+    assert_eq!(x.identity(), x.try_clone().expect("clone").identity());
+}
+
+#[test]
+fn in_netns_switches_the_thread_and_restores_it() {
+    if !netns_capable_or_skip("in_netns_switches_the_thread_and_restores_it") {
+        return;
+    }
+    let before = current_id();
+    let ns = NetnsFd::create_anonymous().expect("ns");
+    let inner = NetnsFd::create_anonymous().expect("inner");
+    let (seen_id, seen_ifaces, nested_id, after_nested) = in_netns(&ns, || {
+        let nested = in_netns(&inner, current_id).expect("nested");
+        (current_id(), interface_names(), nested, current_id())
+    })
+    .expect("in_netns");
+    assert_eq!(seen_id, ns.identity());
+    assert_eq!(seen_ifaces, vec!["lo".to_string()]);
+    assert_eq!(nested_id, inner.identity());
+    assert_eq!(
+        after_nested,
+        ns.identity(),
+        "nested call restores the outer"
+    );
+    assert_eq!(current_id(), before);
+}
+
+#[test]
+fn in_netns_restores_the_thread_after_a_panic() {
+    if !netns_capable_or_skip("in_netns_restores_the_thread_after_a_panic") {
+        return;
+    }
+    let before = current_id();
+    let ns = NetnsFd::create_anonymous().expect("ns");
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        in_netns(&ns, || {
+            assert_eq!(current_id(), ns.identity());
+            panic!("boom inside the namespace");
+        })
+    }));
+    assert!(result.is_err(), "the panic propagates");
+    assert_eq!(current_id(), before);
+}
+
+#[test]
+fn namespace_threads_enter_without_touching_the_caller() {
+    if !netns_capable_or_skip("namespace_threads_enter_without_touching_the_caller") {
+        return;
+    }
+    let before = current_id();
+    let ns = NetnsFd::create_anonymous().expect("ns");
+    let seen = run_in_netns_thread(&ns, current_id).expect("run");
+    assert_eq!(seen, ns.identity());
+    assert_eq!(current_id(), before);
+
+    let panicked = catch_unwind(|| run_in_netns_thread(&ns, || panic!("thread boom")));
+    assert!(panicked.is_err(), "panics reach the caller");
+
+    let handle =
+        ambit_netns::spawn_in_netns_thread(ns.try_clone().expect("clone"), "t", current_id)
+            .expect("spawn");
+    assert_eq!(
+        handle.join().expect("join").expect("entered"),
+        ns.identity()
+    );
+}
+
+#[test]
+fn commands_start_inside_the_namespace() {
+    if !netns_capable_or_skip("commands_start_inside_the_namespace") {
+        return;
+    }
+    let ns = NetnsFd::create_anonymous().expect("ns");
+    let mut cmd = Command::new("readlink");
+    cmd.arg("/proc/self/ns/net");
+    let short_lived = ns.try_clone().expect("clone");
+    set_command_netns(&mut cmd, &short_lived).expect("set netns");
+    drop(short_lived); // the command keeps its own descriptor
+    let out = cmd.output().expect("readlink");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("net:[{}]", ns.identity().ino)
+    );
+}
+
+#[test]
+fn listener_in_namespace_is_reachable_only_from_inside() {
+    if !netns_capable_or_skip("listener_in_namespace_is_reachable_only_from_inside") {
+        return;
+    }
+    let ns = namespace_with_lo();
+    let factory = NetnsSocketFactory::new(ns.try_clone().expect("clone"), None);
+    let any_port = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+
+    // Find a port free in both namespaces, so a root-namespace listener on the same port
+    // shows where a connection from the root namespace really lands (no waiting needed).
+    let (inner, outer) = (0..20)
+        .find_map(|_| {
+            let inner = factory
+                .new_tcp_listener(any_port, &SocketOptions::default())
+                .expect("listener in netns");
+            let port = inner.local_addr().expect("addr").port();
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+                .ok()
+                .map(|outer| (inner, outer))
+        })
+        .expect("a port free in both namespaces");
+    let addr = inner.local_addr().expect("addr");
+
+    let from_root = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("root");
+    let (_accepted, peer) = outer.accept().expect("root listener gets it");
+    assert_eq!(peer, from_root.local_addr().expect("local"));
+    assert_eq!(
+        inner.accept().map(|_| ()).map_err(|e| e.kind()),
+        Err(ErrorKind::WouldBlock),
+        "the namespace listener saw a connection from the root namespace"
+    );
+
+    let mut from_inside = in_netns(&ns, || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+    })
+    .expect("in_netns")
+    .expect("connect inside");
+    inner.set_nonblocking(false).expect("blocking");
+    let (mut conn, _) = inner.accept().expect("namespace listener gets it");
+    from_inside.write_all(b"ping").expect("write");
+    let mut buf = [0u8; 4];
+    conn.read_exact(&mut buf).expect("read");
+    assert_eq!(&buf, b"ping");
+}
+
+#[test]
+fn socket_options_are_applied() {
+    if !netns_capable_or_skip("socket_options_are_applied") {
+        return;
+    }
+    let ns = namespace_with_lo();
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    struct Case {
+        name: &'static str,
+        factory_mark: Option<u32>,
+        opts: SocketOptions,
+        mark: u32,
+    }
+    let cases = [
+        Case {
+            name: "factory mark",
+            factory_mark: Some(0x539),
+            opts: SocketOptions::default(),
+            mark: 0x539,
+        },
+        Case {
+            name: "options override the factory mark",
+            factory_mark: Some(0x539),
+            opts: SocketOptions {
+                mark: Some(7),
+                ..Default::default()
+            },
+            mark: 7,
+        },
+        Case {
+            name: "no mark, everything else",
+            factory_mark: None,
+            opts: SocketOptions {
+                reuse_port: true,
+                transparent: Transparent::Required,
+                freebind: true,
+                nodelay: true,
+                keepalive: Some(ambit_netns::Keepalive {
+                    time: Duration::from_secs(30),
+                    interval: Duration::from_secs(5),
+                    retries: 3,
+                }),
+                ..Default::default()
+            },
+            mark: 0,
+        },
+    ];
+    for case in cases {
+        let factory = NetnsSocketFactory::new(ns.try_clone().expect("clone"), case.factory_mark);
+        let name = case.name;
+        let listener: Socket = factory
+            .new_tcp_listener(addr, &case.opts)
+            .expect(name)
+            .into();
+        let udp: Socket = factory.new_udp_socket(addr, &case.opts).expect(name).into();
+        let stream = factory
+            .new_tcp_stream_socket(addr, None, &case.opts)
+            .expect(name);
+        for (kind, sock) in [("listener", &listener), ("udp", &udp), ("stream", &stream)] {
+            assert_eq!(sock.mark().expect("mark"), case.mark, "{name}: {kind}");
+            assert_eq!(
+                sock.reuse_port().expect("reuseport"),
+                case.opts.reuse_port,
+                "{name}: {kind}"
+            );
+            assert_eq!(
+                sock.ip_transparent_v4().expect("transparent"),
+                case.opts.transparent != Transparent::Off,
+                "{name}: {kind}"
+            );
+            assert_eq!(
+                sock.freebind_v4().expect("freebind"),
+                case.opts.freebind,
+                "{name}: {kind}"
+            );
+            assert!(sock.nonblocking().expect("nonblocking"), "{name}: {kind}");
+        }
+        for (kind, sock) in [("listener", &listener), ("stream", &stream)] {
+            assert_eq!(sock.tcp_nodelay().expect("nodelay"), case.opts.nodelay);
+            assert_eq!(
+                sock.keepalive().expect("keepalive"),
+                case.opts.keepalive.is_some(),
+                "{name}: {kind}"
+            );
+        }
+    }
+}
+
+#[test]
+fn freebind_allows_binding_an_address_not_on_any_interface() {
+    if !netns_capable_or_skip("freebind_allows_binding_an_address_not_on_any_interface") {
+        return;
+    }
+    let ns = namespace_with_lo();
+    let addr = SocketAddr::from(([198, 51, 100, 7], 0));
+    let cases = [(false, false), (true, true)];
+    for (freebind, ok) in cases {
+        let factory = NetnsSocketFactory::new(ns.try_clone().expect("clone"), None);
+        let opts = SocketOptions {
+            freebind,
+            ..Default::default()
+        };
+        assert_eq!(
+            factory.new_tcp_listener(addr, &opts).is_ok(),
+            ok,
+            "freebind={freebind}"
+        );
+    }
+}
+
+#[test]
+fn default_factory_creates_sockets_in_the_current_namespace() {
+    let listener = DefaultSocketFactory
+        .new_tcp_listener(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            &SocketOptions::default(),
+        )
+        .expect("listener");
+    let addr = listener.local_addr().expect("addr");
+    let _client = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    listener.set_nonblocking(false).expect("blocking");
+    listener.accept().expect("accept");
+}
+
+#[tokio::test]
+async fn connect_tcp_from_a_tokio_worker_lands_in_the_namespace() {
+    if !netns_capable_or_skip("connect_tcp_from_a_tokio_worker_lands_in_the_namespace") {
+        return;
+    }
+    let ns = namespace_with_lo();
+    let factory = NetnsSocketFactory::new(ns, Some(42));
+    let std_listener = factory
+        .new_tcp_listener(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            &SocketOptions::default(),
+        )
+        .expect("listener");
+    let addr = std_listener.local_addr().expect("addr");
+    let listener = tokio::net::TcpListener::from_std(std_listener).expect("tokio listener");
+    let before = current_id();
+    let opts = SocketOptions::default();
+    let (client, accepted) =
+        tokio::join!(connect_tcp(&factory, addr, None, &opts), listener.accept());
+    let client = client.expect("connect");
+    let (_server, peer) = accepted.expect("accept");
+    assert_eq!(peer, client.local_addr().expect("local"));
+    assert_eq!(
+        current_id(),
+        before,
+        "the worker thread stays in its namespace"
+    );
+}
