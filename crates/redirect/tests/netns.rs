@@ -1,0 +1,596 @@
+//! Root tests: rules applied, verified, repaired and deleted inside throwaway network
+//! namespaces (`amr*`). Nothing here touches the caller's own namespace: every command goes
+//! through a runner bound to a namespace created by the test and deleted on drop.
+//!
+//! Without root these tests print "skip" and pass, unless `CI=true`, where they fail.
+
+// Test helpers outside #[test] fns: a panic is how they report failure.
+#![allow(clippy::unwrap_used, clippy::print_stdout)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ambit_redirect::config::{Backend, Family, HostRulesConfig, PodRedirectConfig};
+use ambit_redirect::iptables::save::Saved;
+use ambit_redirect::iptables::{self, Table};
+use ambit_redirect::netlink::NetlinkItem;
+use ambit_redirect::{
+    ApplyOutcome, Cmd, Finding, HostRules, InPod, IpNetnsExec, NetnsRunner, Nsenter, ProbeSet,
+};
+
+/// `true` if the test may run; otherwise prints why it is skipped (or fails under CI).
+fn root_or_skip(test: &str) -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid_zero = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0");
+    if euid_zero {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test} needs root (CI=true: not skipping)"
+    );
+    println!("skip {test}: needs root");
+    false
+}
+
+/// A network namespace owned by one test; deleted on drop, also when the test panics.
+struct TestNs {
+    name: String,
+}
+
+impl TestNs {
+    fn new() -> Self {
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "amr{}x{}x{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed),
+            nanos % 100_000
+        );
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "ip netns add {name}");
+        let ns = TestNs { name };
+        // Pods have lo up; the IPv6 local route needs it.
+        ns.sh(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn runner(&self) -> IpNetnsExec {
+        IpNetnsExec {
+            name: self.name.clone(),
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+
+    /// Run a command in the namespace, require success, return stdout.
+    fn sh(&self, argv: &[&str]) -> String {
+        self.runner()
+            .run_ok(&Cmd::new(argv.iter().copied()))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .stdout
+    }
+}
+
+impl TestNs {
+    /// Stdout of a listing that may fail when the object was never created (empty then).
+    fn listing(&self, argv: &[&str]) -> String {
+        let out = self.runner().run(&Cmd::new(argv.iter().copied())).unwrap();
+        if out.success() {
+            out.stdout
+        } else {
+            String::new()
+        }
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Variant {
+    Default,
+    Ipv4Only,
+    DnsOff,
+    Ingress,
+    VirtualIfaces,
+}
+
+fn config(v: Variant) -> PodRedirectConfig {
+    let mut c = PodRedirectConfig::default();
+    match v {
+        Variant::Default => {}
+        Variant::Ipv4Only => c.ipv6 = false,
+        Variant::DnsOff => c.dns_capture = false,
+        Variant::Ingress => c.ingress_mode = true,
+        Variant::VirtualIfaces => {
+            c.virtual_interfaces = vec!["tun0".parse().unwrap(), "tap1".parse().unwrap()]
+        }
+    }
+    c
+}
+
+fn cases() -> Vec<(Backend, Variant)> {
+    let variants = [
+        Variant::Default,
+        Variant::Ipv4Only,
+        Variant::DnsOff,
+        Variant::Ingress,
+        Variant::VirtualIfaces,
+    ];
+    [Backend::Iptables, Backend::Nftables]
+        .into_iter()
+        .flat_map(|b| variants.into_iter().map(move |v| (b, v)))
+        .collect()
+}
+
+/// What the kernel holds, in a comparable form: per-chain rule counts of our chains
+/// (iptables, both families) or of our nft tables, plus the netlink state.
+fn snapshot(ns: &TestNs, backend: Backend) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    match backend {
+        Backend::Iptables => {
+            for (bin, fam) in [("iptables-save", "v4"), ("ip6tables-save", "v6")] {
+                for ((t, c), n) in Saved::parse(&ns.sh(&[bin])).counts() {
+                    m.insert(format!("{fam} {t}/{c}"), n);
+                }
+            }
+        }
+        Backend::Nftables => {
+            let text = ns.sh(&["nft", "list", "ruleset"]);
+            let mut chain = String::new();
+            for line in text.lines().map(str::trim) {
+                if let Some(rest) = line.strip_prefix("table ") {
+                    chain = rest.trim_end_matches(" {").to_owned();
+                } else if let Some(rest) = line.strip_prefix("chain ") {
+                    chain = format!("{chain}/{}", rest.trim_end_matches(" {"));
+                    m.insert(chain.clone(), 0);
+                } else if !line.is_empty()
+                    && line != "}"
+                    && !line.starts_with("type ")
+                    && m.contains_key(&chain)
+                {
+                    *m.get_mut(&chain).unwrap() += 1;
+                }
+            }
+        }
+    }
+    m.insert(
+        "ip rule".into(),
+        ns.listing(&["ip", "rule", "show", "pref", "32764"])
+            .lines()
+            .count(),
+    );
+    m.insert(
+        "ip -6 rule".into(),
+        ns.listing(&["ip", "-6", "rule", "show", "pref", "32764"])
+            .lines()
+            .count(),
+    );
+    m.insert(
+        "route 100".into(),
+        ns.listing(&["ip", "route", "show", "table", "100"])
+            .lines()
+            .count(),
+    );
+    m.insert(
+        "route6 100".into(),
+        ns.listing(&["ip", "-6", "route", "show", "table", "100"])
+            .lines()
+            .count(),
+    );
+    m
+}
+
+fn assert_clean(pod: &InPod, ns: &TestNs, ctx: &str) {
+    let report = pod.verify(&ns.runner()).unwrap();
+    assert!(report.is_clean(), "{ctx}: {:#?}", report.findings);
+}
+
+#[test]
+fn pod_apply_verify_reapply_delete() {
+    if !root_or_skip("pod_apply_verify_reapply_delete") {
+        return;
+    }
+    for (backend, variant) in cases() {
+        let ctx = format!("{backend:?}/{variant:?}");
+        let ns = TestNs::new();
+        let r = ns.runner();
+        let pod = InPod::new(backend, config(variant));
+
+        let before = pod.verify(&r).unwrap();
+        assert!(
+            before.missing().count() > 0,
+            "{ctx}: verify on an empty netns"
+        );
+
+        assert_eq!(pod.apply(&r).unwrap(), ApplyOutcome::Applied, "{ctx}");
+        match backend {
+            Backend::Iptables => {
+                assert!(
+                    ns.sh(&["iptables-save"]).contains("-A ISTIO_OUTPUT"),
+                    "{ctx}"
+                );
+                let v6 = ns.sh(&["ip6tables-save"]).contains("-A ISTIO_OUTPUT");
+                assert_eq!(v6, pod.config.ipv6, "{ctx}: ip6tables rules");
+            }
+            Backend::Nftables => {
+                let rs = ns.sh(&["nft", "list", "ruleset"]);
+                assert!(rs.contains("table inet istio-ambient-nat"), "{ctx}");
+                assert_eq!(
+                    rs.contains("table inet istio-ambient-raw"),
+                    pod.config.dns_capture,
+                    "{ctx}"
+                );
+            }
+        }
+        assert_clean(&pod, &ns, &ctx);
+
+        let counts = snapshot(&ns, backend);
+        let again = pod.apply(&r).unwrap();
+        let expect = match backend {
+            Backend::Iptables => ApplyOutcome::Unchanged,
+            Backend::Nftables => ApplyOutcome::Applied,
+        };
+        assert_eq!(again, expect, "{ctx}: re-apply");
+        assert_eq!(
+            snapshot(&ns, backend),
+            counts,
+            "{ctx}: re-apply changed the rules"
+        );
+        assert_clean(&pod, &ns, &ctx);
+
+        pod.delete(&r).unwrap();
+        for bin in ["iptables-save", "ip6tables-save"] {
+            assert!(
+                !ns.sh(&[bin]).contains("ISTIO_"),
+                "{ctx}: {bin} after delete"
+            );
+        }
+        assert!(
+            !ns.sh(&["nft", "list", "ruleset"]).contains("istio-ambient"),
+            "{ctx}"
+        );
+        assert_eq!(
+            ns.listing(&["ip", "rule", "show", "pref", "32764"]),
+            "",
+            "{ctx}"
+        );
+        assert_eq!(
+            ns.listing(&["ip", "-6", "rule", "show", "pref", "32764"]),
+            "",
+            "{ctx}"
+        );
+        assert_eq!(
+            ns.listing(&["ip", "route", "show", "table", "100"]),
+            "",
+            "{ctx}"
+        );
+        assert_eq!(
+            ns.listing(&["ip", "-6", "route", "show", "table", "100"]),
+            "",
+            "{ctx}"
+        );
+        // Deleting twice is fine (un-enrol of an already clean pod).
+        pod.delete(&r).unwrap();
+    }
+}
+
+/// Remove one planned rule by hand and add a foreign one: verify names both, apply repairs.
+#[test]
+fn pod_tamper_verify_repair() {
+    if !root_or_skip("pod_tamper_verify_repair") {
+        return;
+    }
+    for (backend, variant) in cases() {
+        let ctx = format!("{backend:?}/{variant:?}");
+        let ns = TestNs::new();
+        let r = ns.runner();
+        let pod = InPod::new(backend, config(variant));
+        pod.apply(&r).unwrap();
+
+        ns.sh(&["ip", "rule", "del", "pref", "32764"]);
+        let report = pod.verify(&r).unwrap();
+        assert_eq!(
+            report.findings,
+            vec![Finding::MissingNetlink(NetlinkItem::Rule(Family::V4))],
+            "{ctx}"
+        );
+
+        match backend {
+            Backend::Iptables => {
+                let plan = iptables::pod_rules(&pod.config, Family::V4);
+                let victim = plan
+                    .rules
+                    .iter()
+                    .find(|r| r.table == Table::Nat && r.chain.name() == "ISTIO_OUTPUT")
+                    .unwrap();
+                let mut del = vec!["iptables"];
+                let args = victim.delete_args();
+                del.extend(args.iter().map(String::as_str));
+                ns.sh(&del);
+                ns.sh(&[
+                    "iptables",
+                    "-t",
+                    "nat",
+                    "-A",
+                    "ISTIO_PRERT",
+                    "-p",
+                    "udp",
+                    "-j",
+                    "RETURN",
+                ]);
+                let report = pod.verify(&r).unwrap();
+                let missing: Vec<_> = report
+                    .findings
+                    .iter()
+                    .filter_map(|f| match f {
+                        Finding::MissingRule { rule, .. } => Some(rule.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(missing, vec![victim.restore_line()], "{ctx}: {report:#?}");
+                let extra: Vec<_> = report
+                    .findings
+                    .iter()
+                    .filter_map(|f| match f {
+                        Finding::ExtraRule { rule, .. } => Some(rule.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(
+                    extra,
+                    vec![Some("-A ISTIO_PRERT -p udp -j RETURN".to_owned())],
+                    "{ctx}: {report:#?}"
+                );
+                // A leftover chain of another version, with its jump: reported and swept.
+                ns.sh(&["iptables", "-t", "nat", "-N", "ISTIO_OLD"]);
+                ns.sh(&["iptables", "-t", "nat", "-A", "OUTPUT", "-j", "ISTIO_OLD"]);
+                let report = pod.verify(&r).unwrap();
+                assert!(
+                    report
+                        .findings
+                        .iter()
+                        .any(|f| matches!(f, Finding::ExtraChain(at) if at.chain == "ISTIO_OLD")),
+                    "{ctx}: {report:#?}"
+                );
+                assert_eq!(pod.apply(&r).unwrap(), ApplyOutcome::Reconciled, "{ctx}");
+                assert!(!ns.sh(&["iptables-save"]).contains("ISTIO_OLD"), "{ctx}");
+                let filter = ns.sh(&["iptables-save", "-t", "filter"]);
+                assert!(
+                    !filter.contains("DROP"),
+                    "{ctx}: guardrails left behind:\n{filter}"
+                );
+            }
+            Backend::Nftables => {
+                let listing = ns.sh(&[
+                    "nft",
+                    "-a",
+                    "list",
+                    "chain",
+                    "inet",
+                    "istio-ambient-nat",
+                    "istio-output",
+                ]);
+                let handle = listing
+                    .lines()
+                    .filter(|l| l.contains("counter"))
+                    .find_map(|l| l.rsplit_once("# handle ").map(|(_, h)| h.trim().to_owned()))
+                    .unwrap();
+                ns.sh(&[
+                    "nft",
+                    "delete",
+                    "rule",
+                    "inet",
+                    "istio-ambient-nat",
+                    "istio-output",
+                    "handle",
+                    &handle,
+                ]);
+                ns.sh(&["nft", "add", "chain", "inet", "istio-ambient-nat", "stray"]);
+                let report = pod.verify(&r).unwrap();
+                assert!(
+                    report.findings.iter().any(|f| matches!(f,
+                        Finding::RuleCount { at, expected, found }
+                            if at.chain == "istio-output" && found + 1 == *expected)),
+                    "{ctx}: {report:#?}"
+                );
+                assert!(
+                    report
+                        .findings
+                        .iter()
+                        .any(|f| matches!(f, Finding::ExtraChain(at) if at.chain == "stray")),
+                    "{ctx}: {report:#?}"
+                );
+                assert_eq!(pod.apply(&r).unwrap(), ApplyOutcome::Applied, "{ctx}");
+                // `flush table` keeps chains; a stray chain of ours survives and stays reported.
+                ns.sh(&[
+                    "nft",
+                    "delete",
+                    "chain",
+                    "inet",
+                    "istio-ambient-nat",
+                    "stray",
+                ]);
+            }
+        }
+        assert_clean(&pod, &ns, &ctx);
+    }
+}
+
+/// Host rules in a namespace standing in for the node, with its probe set.
+#[test]
+fn host_rules_apply_verify_delete() {
+    if !root_or_skip("host_rules_apply_verify_delete") {
+        return;
+    }
+    for backend in [Backend::Iptables, Backend::Nftables] {
+        for ipv6 in [true, false] {
+            let ctx = format!("{backend:?} ipv6={ipv6}");
+            let ns = TestNs::new();
+            // Exercise the nsenter runner too.
+            let r = Nsenter { path: ns.path() };
+            let host = HostRules {
+                backend,
+                config: HostRulesConfig {
+                    ipv6,
+                    kubelet_uid: 1000,
+                    ..HostRulesConfig::default()
+                },
+            };
+            let set = ProbeSet::new(r.clone(), backend, ipv6);
+            set.ensure().unwrap();
+            set.upsert("10.244.1.5".parse().unwrap(), "uid-a").unwrap();
+            host.apply(&r).unwrap();
+            // Host rules are delete-then-create: applying twice leaves one copy.
+            host.apply(&r).unwrap();
+            let report = host.verify(&r).unwrap();
+            assert!(report.is_clean(), "{ctx}: {:#?}", report.findings);
+            match backend {
+                Backend::Iptables => {
+                    let nat = ns.sh(&["iptables-save", "-t", "nat"]);
+                    assert_eq!(nat.matches("-j ISTIO_POSTRT").count(), 1, "{ctx}:\n{nat}");
+                    assert!(
+                        nat.contains("--match-set istio-inpod-probes-v4 dst"),
+                        "{ctx}:\n{nat}"
+                    );
+                    let nat6 = ns.sh(&["ip6tables-save", "-t", "nat"]);
+                    assert_eq!(
+                        nat6.contains("istio-inpod-probes-v6"),
+                        ipv6,
+                        "{ctx}:\n{nat6}"
+                    );
+                }
+                Backend::Nftables => {
+                    let t = ns.sh(&["nft", "list", "table", "inet", "istio-ambient-nat"]);
+                    assert!(
+                        t.contains("skuid 1000 ip daddr @istio-inpod-probes-v4"),
+                        "{ctx}:\n{t}"
+                    );
+                }
+            }
+            host.delete(&r).unwrap();
+            assert!(
+                !host.verify(&r).unwrap().is_clean(),
+                "{ctx}: verify after delete"
+            );
+            assert!(!ns.sh(&["iptables-save"]).contains("ISTIO_POSTRT"), "{ctx}");
+            // Rule removal keeps the set and its entries.
+            let entries = set.list().unwrap();
+            assert_eq!(
+                entries,
+                vec![("10.244.1.5".parse().unwrap(), "uid-a".to_owned())],
+                "{ctx}"
+            );
+            set.destroy().unwrap();
+            assert!(set.list().is_err(), "{ctx}: set still listed after destroy");
+            assert!(
+                !ns.sh(&["nft", "list", "ruleset"]).contains("istio-ambient"),
+                "{ctx}"
+            );
+        }
+    }
+}
+
+/// Replace-on-upsert, remove-only-by-owner, mapped addresses, prune, flush; sets are per
+/// namespace.
+#[test]
+fn probe_set_semantics() {
+    if !root_or_skip("probe_set_semantics") {
+        return;
+    }
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    for backend in [Backend::Iptables, Backend::Nftables] {
+        let ctx = format!("{backend:?}");
+        let ns = TestNs::new();
+        let other = TestNs::new();
+        let set = ProbeSet::new(ns.runner(), backend, true);
+        set.ensure().unwrap();
+        set.ensure().unwrap();
+        let sorted = |mut v: Vec<(IpAddr, String)>| {
+            v.sort();
+            v
+        };
+
+        set.upsert(ip("10.0.0.1"), "pod-a").unwrap();
+        set.upsert(ip("10.0.0.1"), "pod-b").unwrap();
+        set.upsert(ip("10.0.0.1"), "pod-b").unwrap();
+        assert_eq!(
+            set.list().unwrap(),
+            vec![(ip("10.0.0.1"), "pod-b".into())],
+            "{ctx}: replace"
+        );
+
+        assert!(
+            !set.remove(ip("10.0.0.1"), "pod-a").unwrap(),
+            "{ctx}: foreign remove"
+        );
+        assert_eq!(set.list().unwrap().len(), 1, "{ctx}");
+        assert!(
+            set.remove(ip("10.0.0.1"), "pod-b").unwrap(),
+            "{ctx}: own remove"
+        );
+        assert!(set.list().unwrap().is_empty(), "{ctx}");
+        assert!(
+            !set.remove(ip("10.0.0.1"), "pod-b").unwrap(),
+            "{ctx}: remove absent"
+        );
+
+        set.upsert(ip("::ffff:10.0.0.9"), "pod-m").unwrap();
+        set.upsert(ip("fd00::5"), "pod-6").unwrap();
+        set.upsert(ip("10.0.0.2"), "pod-k").unwrap();
+        assert_eq!(
+            sorted(set.list().unwrap()),
+            vec![
+                (ip("10.0.0.2"), "pod-k".into()),
+                (ip("10.0.0.9"), "pod-m".into()),
+                (ip("fd00::5"), "pod-6".into()),
+            ],
+            "{ctx}: mapped v4 stored as v4"
+        );
+
+        // Sets are per netns: the sibling namespace sees none of it.
+        match backend {
+            Backend::Iptables => assert_eq!(other.sh(&["ipset", "list", "-n"]), "", "{ctx}"),
+            Backend::Nftables => assert_eq!(other.sh(&["nft", "list", "ruleset"]), "", "{ctx}"),
+        }
+
+        let keep: HashSet<IpAddr> = [ip("10.0.0.2")].into();
+        assert_eq!(set.prune(&keep).unwrap(), 2, "{ctx}");
+        assert_eq!(
+            set.list().unwrap(),
+            vec![(ip("10.0.0.2"), "pod-k".into())],
+            "{ctx}"
+        );
+
+        set.flush().unwrap();
+        assert!(set.list().unwrap().is_empty(), "{ctx}");
+
+        let v4only = ProbeSet::new(ns.runner(), backend, false);
+        assert!(v4only.upsert(ip("fd00::1"), "x").is_err(), "{ctx}");
+        assert!(set.upsert(ip("10.0.0.3"), "bad\"uid").is_err(), "{ctx}");
+        set.destroy().unwrap();
+    }
+}
