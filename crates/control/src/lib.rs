@@ -1,0 +1,5 @@
+//! ambit-control: the ambient control plane — translation of Kubernetes-shaped objects to
+//! workload xDS, the xDS server, and the certificate authority (`IstioCertificateService`).
+
+pub mod ca;
+pub mod grpc;

@@ -1,0 +1,303 @@
+//! The data path: the listeners of one proxied workload set (outbound 15001, inbound HBONE
+//! 15008, inbound plaintext 15006) and what they share.
+//!
+//! A [`Proxy`] serves one "context": in dedicated mode the process's own namespace and its one
+//! workload; in shared mode one pod, with every socket created inside the pod's netns through
+//! its [`SocketFactory`]. Listeners are owned by the proxy's task set and stop on drain.
+
+mod inbound;
+mod inbound_plaintext;
+mod observe;
+mod outbound;
+mod pool;
+mod tracker;
+mod upstream;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use ambit_model::Workload;
+use ambit_netns::{SocketFactory, SocketOptions, Transparent};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use crate::config::{Config, HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
+use crate::identity::CertManager;
+use crate::state::ProxyState;
+use crate::telemetry::Metrics;
+
+pub use pool::{PoolKey, WorkloadPool};
+pub use tracker::{ConnectionTracker, TrackedConnection};
+
+/// Why a proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("binding the {listener} listener on {addr}: {source}")]
+    Bind {
+        listener: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: ambit_netns::SocketError,
+    },
+    #[error("registering the {listener} listener with the runtime: {source}")]
+    Register {
+        listener: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Which workload(s) this proxy serves, resolved against the state on every connection (the
+/// record can change under us via xDS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalWorkload {
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+/// Everything a proxy's listeners need.
+#[derive(Debug, Clone)]
+pub struct ProxyInputs {
+    pub cfg: Arc<Config>,
+    pub state: Arc<ProxyState>,
+    pub certs: Arc<CertManager>,
+    pub metrics: Arc<Metrics>,
+    pub socket_factory: Arc<dyn SocketFactory>,
+    pub pool: WorkloadPool,
+    pub local: LocalWorkload,
+    pub tracker: Arc<ConnectionTracker>,
+    /// Whether IP_TRANSPARENT worked on the inbound listeners (source-IP preservation).
+    pub transparent: bool,
+}
+
+impl ProxyInputs {
+    /// The workload record this proxy serves, if the state has it.
+    pub fn local_workload(&self) -> Option<Arc<Workload>> {
+        let l = &self.local;
+        self.state.find_local_workload(
+            &l.name,
+            &l.namespace,
+            &l.service_account,
+            self.cfg.node_name.as_deref(),
+        )
+    }
+
+    /// Socket options for connections this proxy dials.
+    fn upstream_options(&self) -> SocketOptions {
+        SocketOptions {
+            nodelay: true,
+            keepalive: keepalive(&self.cfg),
+            reuse_address: false,
+            ..SocketOptions::default()
+        }
+    }
+
+    /// Is `port` one of ours (connecting there would loop back into the proxy)?
+    pub fn illegal_port(&self, port: u16) -> bool {
+        self.cfg.illegal_ports().contains(&port)
+    }
+}
+
+fn keepalive(cfg: &Config) -> Option<ambit_netns::Keepalive> {
+    cfg.keepalive.enabled.then_some(ambit_netns::Keepalive {
+        time: cfg.keepalive.time,
+        interval: cfg.keepalive.interval,
+        retries: cfg.keepalive.retries,
+    })
+}
+
+/// The bound listeners of one proxy, before serving.
+#[derive(Debug)]
+pub struct Listeners {
+    outbound: TcpListener,
+    inbound: TcpListener,
+    inbound_plaintext: TcpListener,
+    /// IP_TRANSPARENT could be set on the inbound listeners.
+    pub transparent: bool,
+}
+
+impl Listeners {
+    /// Binds 15001/15006/15008 through `factory` on the unspecified address.
+    pub fn bind(cfg: &Config, factory: &dyn SocketFactory) -> Result<Self, ProxyError> {
+        let ip: IpAddr = if cfg.ipv6_enabled {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        };
+        let transparent = match cfg.enable_orig_src {
+            Some(true) => Transparent::Required,
+            Some(false) => Transparent::Off,
+            None => Transparent::BestEffort,
+        };
+        let opts = SocketOptions {
+            reuse_port: cfg.inpod_port_reuse,
+            nodelay: true,
+            keepalive: keepalive(cfg),
+            transparent,
+            // Dual-stack: one listener serves v4 and v6 (upstream shows v6only:0).
+            only_v6: cfg.ipv6_enabled.then_some(false),
+            ..SocketOptions::default()
+        };
+        let bind = |listener: &'static str, port: u16| -> Result<TcpListener, ProxyError> {
+            let addr = SocketAddr::new(ip, port);
+            let std_listener =
+                factory
+                    .new_tcp_listener(addr, &opts)
+                    .map_err(|source| ProxyError::Bind {
+                        listener,
+                        addr,
+                        source,
+                    })?;
+            TcpListener::from_std(std_listener)
+                .map_err(|source| ProxyError::Register { listener, source })
+        };
+        let outbound = bind("outbound", OUTBOUND_PORT)?;
+        let inbound = bind("inbound", HBONE_PORT)?;
+        let inbound_plaintext = bind("inbound plaintext", INBOUND_PLAINTEXT_PORT)?;
+        let transparent = transparent != Transparent::Off
+            && ambit_netns::is_transparent(&inbound).unwrap_or(false);
+        Ok(Self {
+            outbound,
+            inbound,
+            inbound_plaintext,
+            transparent,
+        })
+    }
+
+    /// Local addresses (for tests and logs).
+    pub fn addresses(&self) -> [Option<SocketAddr>; 3] {
+        [
+            self.outbound.local_addr().ok(),
+            self.inbound.local_addr().ok(),
+            self.inbound_plaintext.local_addr().ok(),
+        ]
+    }
+}
+
+/// A running proxy: its accept loops and connections live in `tasks`.
+#[derive(Debug)]
+pub struct Proxy {
+    tasks: JoinSet<()>,
+    drain: crate::drain::DrainTrigger,
+}
+
+impl Proxy {
+    /// Starts serving on `listeners`. Connections stop accepting when the proxy drains.
+    pub fn serve(listeners: Listeners, inputs: ProxyInputs) -> Self {
+        let (drain, watcher) = crate::drain::new();
+        let mut tasks = JoinSet::new();
+        let inputs = ProxyInputs {
+            transparent: listeners.transparent,
+            ..inputs
+        };
+        tasks.spawn(outbound::run(
+            listeners.outbound,
+            inputs.clone(),
+            watcher.clone(),
+        ));
+        tasks.spawn(inbound::run(
+            listeners.inbound,
+            inputs.clone(),
+            watcher.clone(),
+        ));
+        tasks.spawn(inbound_plaintext::run(
+            listeners.inbound_plaintext,
+            inputs,
+            watcher,
+        ));
+        Self { tasks, drain }
+    }
+
+    /// Stops accepting, lets connections finish until `deadline`, then cuts them.
+    pub async fn drain(mut self, mode: crate::drain::DrainMode, deadline: std::time::Duration) {
+        self.drain.start_drain_and_wait(mode, deadline).await;
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+pub use pool::CONNECT_TIMEOUT;
+
+/// Accept errors (EMFILE, ECONNABORTED, ...) must not spin the loop: log and pause briefly.
+async fn accept_error(listener: &'static str, e: std::io::Error) {
+    tracing::warn!(listener, error = %e, "accept failed");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+}
+
+/// IPv4-mapped IPv6 addresses (dual-stack listeners) as plain IPv4.
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
+/// The original destination of a redirected connection, or its local address when it was
+/// not redirected (a client that dialled 15001 directly).
+fn original_dst(stream: &tokio::net::TcpStream) -> SocketAddr {
+    let dst = ambit_netns::original_dst(stream)
+        .or_else(|_| stream.local_addr())
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    canonical(dst)
+}
+
+/// HTTP/2 settings from the configuration (§3.3).
+fn h2_settings(cfg: &Config) -> ambit_hbone::H2Settings {
+    ambit_hbone::H2Settings {
+        stream_window: cfg.http2.stream_window_size,
+        connection_window: cfg.http2.connection_window_size,
+        max_frame_size: cfg.http2.frame_size,
+        drain_deadline: cfg.connection_termination_deadline,
+        ..ambit_hbone::H2Settings::default()
+    }
+}
+
+/// Pool settings from the configuration (§3.4).
+pub fn pool_config(cfg: &Config) -> ambit_hbone::PoolConfig {
+    ambit_hbone::PoolConfig {
+        max_streams_per_connection: usize::from(cfg.pool.max_streams_per_connection),
+        unused_release_timeout: cfg.pool.unused_release_timeout,
+        // Let bulk flows to one peer use more than one connection (and so more than one
+        // core); upstream keeps one connection per key until it is full.
+        spread_connections_per_key: cfg.worker_threads.clamp(1, 8),
+        h2: h2_settings(cfg),
+    }
+}
+
+/// Copies between two TCP streams, counting bytes for metrics (client → upstream is "sent").
+async fn copy_tcp(
+    client: &mut tokio::net::TcpStream,
+    upstream: &mut tokio::net::TcpStream,
+    guard: &crate::telemetry::ConnectionGuard,
+) -> Result<(), String> {
+    // Istio's convention: "received" is the request direction (client → server), "sent" the
+    // response direction.
+    match tokio::io::copy_bidirectional_with_sizes(client, upstream, 64 * 1024, 64 * 1024).await {
+        Ok((to_upstream, to_client)) => {
+            guard.add_received(to_upstream);
+            guard.add_sent(to_client);
+            Ok(())
+        }
+        Err(e) => Err(format!("copy: {e}")),
+    }
+}
+
+/// Copies between a socket and an HBONE tunnel, counting bytes for metrics. `socket_is_client`
+/// tells which way is the request direction (outbound: the socket is the client).
+async fn copy_hbone(
+    socket: &mut tokio::net::TcpStream,
+    tunnel: &mut ambit_hbone::H2Stream,
+    guard: &crate::telemetry::ConnectionGuard,
+    socket_is_client: bool,
+) -> Result<(), String> {
+    let (t, err) = match ambit_hbone::copy_bidirectional(socket, tunnel).await {
+        Ok(t) => (t, None),
+        Err(e) => (e.transferred, Some(e.to_string())),
+    };
+    let (request, response) = if socket_is_client {
+        (t.to_tunnel, t.from_tunnel)
+    } else {
+        (t.from_tunnel, t.to_tunnel)
+    };
+    guard.add_received(request);
+    guard.add_sent(response);
+    err.map_or(Ok(()), Err)
+}

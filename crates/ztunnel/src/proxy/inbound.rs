@@ -1,0 +1,325 @@
+//! Inbound HBONE on 15008: mTLS with the served workload's certificate, HTTP/2 CONNECT, the
+//! target resolved against the arrival address (§3.2), authorization (§6), then a connection to
+//! the application carrying the client's source IP.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ambit_hbone::{ConnectRequest, ConnectTarget, Responder};
+use ambit_model::authz::Connection;
+use ambit_model::{SpiffeId, Workload};
+use ambit_tls::WorkloadCertificate;
+use ambit_tls::rustls::ServerConfig;
+use ambit_tls::tokio_rustls::TlsAcceptor;
+use http::{HeaderMap, StatusCode};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+use super::upstream::{baggage_for, connect_app, insert_baggage};
+use super::{ProxyInputs, observe};
+use crate::drain::DrainWatcher;
+use crate::state::AuthzOutcome;
+use crate::telemetry::{
+    AccessLog, ConnectionGuard, ConnectionLog, ConnectionSecurityPolicy, Direction, Reporter,
+    ResponseFlag, TrafficLabels, connection_failed,
+};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Server TLS config for the current certificate, rebuilt only when the certificate changed.
+#[derive(Debug, Default)]
+struct TlsCache {
+    current: Mutex<Option<(Arc<WorkloadCertificate>, Arc<ServerConfig>)>>,
+}
+
+impl TlsCache {
+    fn get(
+        &self,
+        cert: Arc<WorkloadCertificate>,
+    ) -> Result<Arc<ServerConfig>, ambit_tls::ConfigError> {
+        let mut slot = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((c, cfg)) = slot.as_ref() {
+            if Arc::ptr_eq(c, &cert) {
+                return Ok(cfg.clone());
+            }
+        }
+        let cfg = Arc::new(ambit_tls::server_config(&cert)?);
+        *slot = Some((cert, cfg.clone()));
+        Ok(cfg)
+    }
+}
+
+pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
+    let tls = Arc::new(TlsCache::default());
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = drain.signaled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let inputs = inputs.clone();
+                    let tls = tls.clone();
+                    let drain = drain.clone();
+                    conns.spawn(async move { handle_conn(stream, peer, inputs, tls, drain).await });
+                }
+                Err(e) => super::accept_error("inbound", e).await,
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
+async fn handle_conn(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    inputs: ProxyInputs,
+    tls: Arc<TlsCache>,
+    drain: DrainWatcher,
+) {
+    let peer = super::canonical(peer);
+    let Ok(local) = tcp.local_addr().map(super::canonical) else {
+        return;
+    };
+    let Some(workload) = inputs.local_workload() else {
+        connection_failed(
+            peer,
+            local,
+            Direction::Inbound,
+            &"local: served workload unknown",
+        );
+        return;
+    };
+    let cert = match inputs.certs.fetch(workload.identity()).await {
+        Ok(c) => c,
+        Err(e) => {
+            connection_failed(peer, local, Direction::Inbound, &format!("local: {e}"));
+            return;
+        }
+    };
+    let config = match tls.get(cert) {
+        Ok(c) => c,
+        Err(e) => {
+            connection_failed(peer, local, Direction::Inbound, &format!("local: {e}"));
+            return;
+        }
+    };
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(tcp));
+    let stream = match handshake.await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            connection_failed(
+                peer,
+                local,
+                Direction::Inbound,
+                &format!("downstream: TLS: {e}"),
+            );
+            return;
+        }
+        Err(_) => {
+            connection_failed(
+                peer,
+                local,
+                Direction::Inbound,
+                &"downstream: TLS handshake timed out",
+            );
+            return;
+        }
+    };
+    let src_identity = ambit_tls::peer_identity(stream.get_ref().1);
+    let settings = super::h2_settings(&inputs.cfg);
+    let ctx = Arc::new(StreamCtx {
+        inputs,
+        peer,
+        local,
+        src_identity,
+    });
+    let handler = move |req: ConnectRequest, responder: Responder| {
+        let ctx = ctx.clone();
+        async move { ctx.handle_stream(req, responder).await }
+    };
+    let drained = {
+        let drain = drain.clone();
+        async move {
+            drain.signaled().await;
+        }
+    };
+    if let Err(e) = ambit_hbone::serve_connection(stream, &settings, handler, drained).await {
+        tracing::debug!(%peer, error = %e, "HBONE connection ended with an error");
+    }
+}
+
+struct StreamCtx {
+    inputs: ProxyInputs,
+    peer: SocketAddr,
+    local: SocketAddr,
+    src_identity: Option<SpiffeId>,
+}
+
+/// Why a CONNECT was refused, with the status it maps to (§3.2).
+#[derive(Debug, thiserror::Error)]
+enum InboundError {
+    #[error("ip mismatch: CONNECT to {requested} arrived on {arrived}")]
+    IpMismatch { requested: IpAddr, arrived: IpAddr },
+    #[error("attempted recursive call to ourselves (port {0})")]
+    SelfCall(u16),
+    #[error("local: no workload at {0}")]
+    UnknownWorkload(IpAddr),
+    #[error("local: no service {0} with port {1} on this workload")]
+    UnknownService(String, u16),
+    #[error("{0}")]
+    Denied(String),
+    #[error("{0}")]
+    Upstream(#[from] super::upstream::UpstreamError),
+}
+
+impl InboundError {
+    fn status(&self) -> StatusCode {
+        match self {
+            InboundError::IpMismatch { .. } => StatusCode::BAD_REQUEST,
+            InboundError::Denied(_) => StatusCode::UNAUTHORIZED,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn flag(&self) -> ResponseFlag {
+        match self {
+            InboundError::Denied(_) => ResponseFlag::Deny,
+            InboundError::Upstream(_) => ResponseFlag::Connect,
+            _ => ResponseFlag::None,
+        }
+    }
+}
+
+impl StreamCtx {
+    /// Resolves the CONNECT target to (destination workload, app address).
+    fn resolve(&self, target: &ConnectTarget) -> Result<(Arc<Workload>, SocketAddr), InboundError> {
+        let state = &self.inputs.state;
+        let arrived = self.local.ip();
+        let served = self.inputs.local_workload();
+        let network = served
+            .as_ref()
+            .map(|w| w.network.clone())
+            .unwrap_or_default();
+        let workload = state
+            .workload_by_addr(&network, arrived)
+            .ok_or(InboundError::UnknownWorkload(arrived))?;
+        let port = match target {
+            ConnectTarget::Addr(a) => {
+                let requested = a.ip().to_canonical();
+                if requested != arrived {
+                    return Err(InboundError::IpMismatch { requested, arrived });
+                }
+                a.port()
+            }
+            ConnectTarget::Host { host, port } => {
+                // Hostname targets carry the service port: map it through this workload's
+                // membership (endpoint port map first, then the service's).
+                let service = state
+                    .services_by_hostname(host)
+                    .into_iter()
+                    .find(|s| workload.services.contains_key(&s.key))
+                    .ok_or_else(|| InboundError::UnknownService(host.clone(), *port))?;
+                workload
+                    .services
+                    .get(&service.key)
+                    .and_then(|m| m.get(port))
+                    .or_else(|| service.ports.get(port))
+                    .copied()
+                    .ok_or_else(|| InboundError::UnknownService(host.clone(), *port))?
+            }
+        };
+        if self.inputs.illegal_port(port) {
+            return Err(InboundError::SelfCall(port));
+        }
+        Ok((workload, SocketAddr::new(arrived, port)))
+    }
+
+    async fn handle_stream(&self, req: ConnectRequest, responder: Responder) {
+        let mut info = ConnectionLog::new(Direction::Inbound, self.peer, self.local);
+        info.dst_hbone_addr = Some(req.target.to_string().into());
+        info.src_identity = self.src_identity.as_ref().map(|id| id.to_string().into());
+        let mut labels = TrafficLabels::new(Reporter::Destination);
+        // Source workload fields come from the workload found by source IP, not the client's
+        // baggage (which it controls), like upstream.
+        if let Some(s) = self.inputs.state.workload_by_addr("", self.peer.ip()) {
+            observe::log_src(&mut info, &s);
+            observe::source(&mut labels, &s);
+        }
+        if let Some(id) = &self.src_identity {
+            labels.source_principal = id.to_string().into();
+        }
+        labels.connection_security_policy = ConnectionSecurityPolicy::MutualTls;
+        let (workload, app) = match self.resolve(&req.target) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = responder.reject(e.status());
+                let guard = self.inputs.metrics.connection_opened(labels);
+                guard.set_failed(e.flag());
+                AccessLog::opened(info).complete_with(&guard, Some(&e));
+                return;
+            }
+        };
+        observe::destination(&mut labels, &workload);
+        labels.destination_principal = workload.identity().to_string().into();
+        observe::log_dst(&mut info, &workload);
+        info.dst_addr = app;
+        let guard = self.inputs.metrics.connection_opened(labels);
+        let log = AccessLog::opened(info);
+        let attrs = Connection {
+            src_identity: self.src_identity.clone(),
+            src_ip: self.peer.ip(),
+            dst_ip: app.ip(),
+            dst_port: app.port(),
+        };
+        let result = self.proxy(&workload, app, attrs, responder, &guard).await;
+        if let Err(e) = &result {
+            guard.set_failed(e.flag());
+        }
+        log.complete_with(
+            &guard,
+            result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+        );
+    }
+
+    async fn proxy(
+        &self,
+        workload: &Arc<Workload>,
+        app: SocketAddr,
+        attrs: Connection,
+        responder: Responder,
+        guard: &ConnectionGuard,
+    ) -> Result<(), InboundError> {
+        if let AuthzOutcome::Deny(reason) = self.inputs.state.authorize(workload, &attrs) {
+            let _ = responder.reject(StatusCode::UNAUTHORIZED);
+            return Err(InboundError::Denied(reason));
+        }
+        let mut tracked = self.inputs.tracker.track(workload.uid.clone(), attrs);
+        let mut upstream = match connect_app(&self.inputs, app, Some(self.peer.ip())).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = responder.reject(StatusCode::SERVICE_UNAVAILABLE);
+                return Err(e.into());
+            }
+        };
+        let mut headers = HeaderMap::new();
+        if self.inputs.cfg.enable_response_baggage {
+            insert_baggage(&mut headers, &baggage_for(workload));
+        }
+        let Ok(mut tunnel) = responder.accept(headers) else {
+            return Ok(());
+        };
+        tokio::select! {
+            r = super::copy_hbone(&mut upstream, &mut tunnel, guard, false) => {
+                // A copy error after the 200 is the end of the connection, not a refusal.
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "inbound copy ended with an error");
+                }
+                Ok(())
+            }
+            reason = tracked.closed() => Err(InboundError::Denied(reason)),
+        }
+    }
+}

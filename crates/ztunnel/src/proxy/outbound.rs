@@ -1,0 +1,380 @@
+//! Outbound capture on 15001: the application's connection, redirected by the in-pod rules,
+//! is resolved by its original destination (§3.5) and carried over HBONE, plain TCP to a
+//! non-mesh workload, or passed through to an unknown destination.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ambit_hbone::{ConnectTarget, headers::build_forwarded, headers::new_traceparent};
+use ambit_model::workload::{GatewayAddress, GatewayDestination, TunnelProtocol};
+use ambit_model::{Service, SpiffeId, Workload};
+use http::{HeaderMap, HeaderValue};
+use rand::seq::IndexedRandom;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+use super::observe;
+use super::upstream::{baggage_for, insert_baggage};
+use super::{PoolKey, ProxyInputs};
+use crate::drain::DrainWatcher;
+use crate::telemetry::{
+    AccessLog, ConnectionGuard, ConnectionLog, ConnectionSecurityPolicy, Direction, Reporter,
+    ResponseFlag, TrafficLabels, connection_failed,
+};
+
+/// Why an outbound connection could not be proxied; the prefix says which side failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboundError {
+    #[error("local: attempted recursive call to ourselves ({0})")]
+    SelfCall(SocketAddr),
+    #[error("local: the source workload {0} is not (yet) known")]
+    UnknownSource(String),
+    #[error("upstream: service {0} has no healthy endpoint")]
+    NoHealthyEndpoint(String),
+    #[error("upstream: waypoint {0} cannot be resolved")]
+    UnknownWaypoint(String),
+    #[error("upstream: {0}")]
+    Hbone(#[from] ambit_hbone::PoolError),
+    #[error("upstream: CONNECT answered {0}")]
+    Status(http::StatusCode),
+    #[error("upstream: {0}")]
+    Connect(#[from] super::upstream::UpstreamError),
+    #[error("copy: {0}")]
+    Copy(String),
+}
+
+/// Where a connection goes.
+#[derive(Debug)]
+pub enum Route {
+    /// Plain TCP (passthrough to an unknown address, or a non-HBONE workload).
+    Tcp {
+        dst: SocketAddr,
+        workload: Option<Arc<Workload>>,
+        service: Option<Arc<Service>>,
+    },
+    /// HBONE: mTLS to `dst` (a pod's 15008 or a waypoint), CONNECT `target`.
+    Hbone {
+        dst: SocketAddr,
+        target: ConnectTarget,
+        identities: Vec<SpiffeId>,
+        workload: Arc<Workload>,
+        service: Option<Arc<Service>>,
+    },
+}
+
+pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = drain.signaled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let inputs = inputs.clone();
+                    let watcher = drain.clone();
+                    conns.spawn(async move {
+                        handle(stream, peer, &inputs).await;
+                        drop(watcher);
+                    });
+                }
+                Err(e) => super::accept_error("outbound", e).await,
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
+async fn handle(mut stream: TcpStream, peer: SocketAddr, inputs: &ProxyInputs) {
+    let peer = super::canonical(peer);
+    let orig = super::original_dst(&stream);
+    let src = inputs.local_workload();
+    let route = match src.as_ref() {
+        None => Err(OutboundError::UnknownSource(format!(
+            "{}/{}",
+            inputs.local.namespace, inputs.local.name
+        ))),
+        Some(_) if orig.ip().is_loopback() && inputs.illegal_port(orig.port()) => {
+            Err(OutboundError::SelfCall(orig))
+        }
+        Some(src) => build_route(inputs, src, orig),
+    };
+    let (src, route) = match (src, route) {
+        (Some(src), Ok(route)) => (src, route),
+        (_, Err(e)) => {
+            connection_failed(peer, orig, Direction::Outbound, &e);
+            return;
+        }
+        (None, Ok(_)) => return,
+    };
+    let guard = inputs.metrics.connection_opened(labels_for(&src, &route));
+    let mut info = ConnectionLog::new(Direction::Outbound, peer, orig);
+    observe::log_src(&mut info, &src);
+    info.src_identity = Some(src.identity().to_string().into());
+    let result = match &route {
+        Route::Tcp { dst, workload, .. } => {
+            if let Some(w) = workload {
+                observe::log_dst(&mut info, w);
+                info.dst_identity = None;
+            }
+            info.dst_addr = *dst;
+            let log = AccessLog::opened(info);
+            let r = proxy_tcp(inputs, &mut stream, *dst, &guard).await;
+            (log, r)
+        }
+        Route::Hbone {
+            dst,
+            target,
+            identities,
+            workload,
+            service,
+        } => {
+            observe::log_dst(&mut info, workload);
+            info.dst_addr = *dst;
+            info.dst_hbone_addr = Some(target.to_string().into());
+            if let Some(s) = service {
+                info.dst_service = Some(s.hostname().into());
+            }
+            let log = AccessLog::opened(info);
+            let key = PoolKey {
+                src_identity: src.identity().clone(),
+                dst_identities: identities.clone(),
+                dst: *dst,
+                src_ip: None,
+            };
+            let headers = request_headers(&src, peer, service.as_deref());
+            let r = proxy_hbone(inputs, &mut stream, key, target, headers, &guard).await;
+            (log, r)
+        }
+    };
+    let (log, result) = result;
+    if let Err(e) = &result {
+        guard.set_failed(response_flag(e));
+    }
+    log.complete_with(
+        &guard,
+        result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+    );
+}
+
+fn response_flag(e: &OutboundError) -> ResponseFlag {
+    match e {
+        OutboundError::Hbone(_) | OutboundError::Status(_) | OutboundError::Connect(_) => {
+            ResponseFlag::Connect
+        }
+        _ => ResponseFlag::None,
+    }
+}
+
+fn request_headers(src: &Workload, peer: SocketAddr, service: Option<&Service>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    insert_baggage(&mut headers, &baggage_for(src));
+    let forwarded = build_forwarded(peer, service.map(|s| s.hostname()));
+    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+        headers.insert("forwarded", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&new_traceparent()) {
+        headers.insert("traceparent", v);
+    }
+    headers
+}
+
+async fn proxy_tcp(
+    inputs: &ProxyInputs,
+    stream: &mut TcpStream,
+    dst: SocketAddr,
+    guard: &ConnectionGuard,
+) -> Result<(), OutboundError> {
+    let mut upstream = super::upstream::connect_app(inputs, dst, None).await?;
+    super::copy_tcp(stream, &mut upstream, guard)
+        .await
+        .map_err(OutboundError::Copy)
+}
+
+async fn proxy_hbone(
+    inputs: &ProxyInputs,
+    stream: &mut TcpStream,
+    key: PoolKey,
+    target: &ConnectTarget,
+    headers: HeaderMap,
+    guard: &ConnectionGuard,
+) -> Result<(), OutboundError> {
+    let (resp, mut tunnel) =
+        inputs
+            .pool
+            .connect(key, target, headers)
+            .await
+            .map_err(|e| match &e {
+                ambit_hbone::PoolError::Connect(ambit_hbone::ClientError::Status {
+                    status,
+                    ..
+                }) => OutboundError::Status(*status),
+                _ => OutboundError::Hbone(e),
+            })?;
+    if resp.status != http::StatusCode::OK {
+        return Err(OutboundError::Status(resp.status));
+    }
+    super::copy_hbone(stream, &mut tunnel, guard, true)
+        .await
+        .map_err(OutboundError::Copy)
+}
+
+/// The decision tree of §3.5.
+pub fn build_route(
+    inputs: &ProxyInputs,
+    src: &Workload,
+    orig: SocketAddr,
+) -> Result<Route, OutboundError> {
+    let state = &inputs.state;
+    let network = src.network.as_str();
+    if let Some(service) = state.service_by_vip(network, orig.ip()) {
+        if let Some(waypoint) = &service.waypoint {
+            return via_waypoint(inputs, waypoint, orig, Some(service.clone()));
+        }
+        let endpoints = state.endpoints(&service);
+        let Some(ep) = endpoints.choose(&mut rand::rng()) else {
+            return Err(OutboundError::NoHealthyEndpoint(service.key.to_string()));
+        };
+        let target_port = ep
+            .ports
+            .get(&orig.port())
+            .or_else(|| service.ports.get(&orig.port()))
+            .copied()
+            .unwrap_or(orig.port());
+        let workload = ep.workload.clone();
+        let Some(ip) = workload.addresses.first().copied() else {
+            return Err(OutboundError::NoHealthyEndpoint(service.key.to_string()));
+        };
+        let dst = SocketAddr::new(ip, target_port);
+        return Ok(match workload.protocol {
+            TunnelProtocol::Hbone => {
+                let mut identities: Vec<SpiffeId> = service
+                    .subject_alt_names
+                    .iter()
+                    .filter_map(|s| SpiffeId::parse(s).ok())
+                    .collect();
+                identities.push(workload.identity().clone());
+                identities.sort();
+                identities.dedup();
+                Route::Hbone {
+                    dst: SocketAddr::new(ip, crate::config::HBONE_PORT),
+                    target: ConnectTarget::Addr(dst),
+                    identities,
+                    workload,
+                    service: Some(service),
+                }
+            }
+            TunnelProtocol::None => Route::Tcp {
+                dst,
+                workload: Some(workload),
+                service: Some(service),
+            },
+        });
+    }
+    let Some(workload) = state.workload_by_addr(network, orig.ip()) else {
+        return Ok(Route::Tcp {
+            dst: orig,
+            workload: None,
+            service: None,
+        });
+    };
+    if let Some(waypoint) = &workload.waypoint {
+        let from_waypoint = waypoint_matches(inputs, waypoint, src);
+        if !from_waypoint {
+            return via_waypoint(inputs, waypoint, orig, None);
+        }
+    }
+    Ok(match workload.protocol {
+        TunnelProtocol::Hbone => Route::Hbone {
+            dst: SocketAddr::new(orig.ip(), crate::config::HBONE_PORT),
+            target: ConnectTarget::Addr(orig),
+            identities: vec![workload.identity().clone()],
+            workload,
+            service: None,
+        },
+        TunnelProtocol::None => Route::Tcp {
+            dst: orig,
+            workload: Some(workload),
+            service: None,
+        },
+    })
+}
+
+/// Resolves a waypoint to (its workload, the address to dial).
+fn resolve_waypoint(
+    inputs: &ProxyInputs,
+    waypoint: &GatewayAddress,
+) -> Option<(Arc<Workload>, SocketAddr)> {
+    let state = &inputs.state;
+    match &waypoint.destination {
+        GatewayDestination::Address(addr) => {
+            let w = state.workload_by_addr(&addr.network, addr.ip)?;
+            Some((w, SocketAddr::new(addr.ip, waypoint.hbone_mtls_port)))
+        }
+        GatewayDestination::Hostname(host) => {
+            let service = state.service_by_key(host)?;
+            let endpoints = state.endpoints(&service);
+            let ep = endpoints.choose(&mut rand::rng())?;
+            let ip = ep.workload.addresses.first().copied()?;
+            Some((
+                ep.workload.clone(),
+                SocketAddr::new(ip, waypoint.hbone_mtls_port),
+            ))
+        }
+    }
+}
+
+fn waypoint_matches(inputs: &ProxyInputs, waypoint: &GatewayAddress, src: &Workload) -> bool {
+    resolve_waypoint(inputs, waypoint).is_some_and(|(w, _)| w.uid == src.uid)
+}
+
+fn via_waypoint(
+    inputs: &ProxyInputs,
+    waypoint: &GatewayAddress,
+    orig: SocketAddr,
+    service: Option<Arc<Service>>,
+) -> Result<Route, OutboundError> {
+    let (workload, dst) = resolve_waypoint(inputs, waypoint)
+        .ok_or_else(|| OutboundError::UnknownWaypoint(waypoint.destination.to_string()))?;
+    Ok(Route::Hbone {
+        dst,
+        target: ConnectTarget::Addr(orig),
+        identities: vec![workload.identity().clone()],
+        workload,
+        service,
+    })
+}
+
+fn labels_for(src: &Workload, route: &Route) -> TrafficLabels {
+    let mut labels = TrafficLabels::new(Reporter::Source);
+    observe::source(&mut labels, src);
+    labels.source_principal = src.identity().to_string().into();
+    match route {
+        Route::Tcp {
+            workload, service, ..
+        } => {
+            if let Some(w) = workload {
+                observe::destination(&mut labels, w);
+            }
+            if let Some(s) = service {
+                observe::service(&mut labels, s);
+            }
+        }
+        Route::Hbone {
+            workload,
+            service,
+            identities,
+            ..
+        } => {
+            observe::destination(&mut labels, workload);
+            if let Some(s) = service {
+                observe::service(&mut labels, s);
+            }
+            if let Some(id) = identities.first() {
+                labels.destination_principal = id.to_string().into();
+            }
+            labels.connection_security_policy = ConnectionSecurityPolicy::MutualTls;
+        }
+    }
+    labels
+}

@@ -1,0 +1,348 @@
+//! The proxy's view of the mesh: workloads, services and authorization policies, indexed for
+//! the data path, fed by the local config file and by xDS.
+//!
+//! Readers take a short read lock and clone `Arc`s out, so no lock is held across I/O. Every
+//! change that can alter an authorization decision bumps a generation on a watch channel; the
+//! inbound connection tracker re-evaluates open connections when it moves (§6 "policy change
+//! closes now-denied connections").
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use ambit_model::authz::{Authorization, PolicySet};
+use ambit_model::names::{NamespacedHostname, PolicyKey, WorkloadUid};
+use ambit_model::workload::{HealthStatus, PortMap};
+use ambit_model::{NetworkAddr, Service, Workload};
+use tokio::sync::watch;
+
+pub mod dump;
+
+/// A service endpoint resolved to its workload.
+#[derive(Debug, Clone)]
+pub struct ResolvedEndpoint {
+    pub workload: Arc<Workload>,
+    /// Endpoint-specific port map (service port → target port); may be empty.
+    pub ports: PortMap,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    workloads: HashMap<WorkloadUid, Arc<Workload>>,
+    workloads_by_addr: HashMap<NetworkAddr, WorkloadUid>,
+    services: HashMap<NamespacedHostname, Arc<Service>>,
+    services_by_vip: HashMap<NetworkAddr, NamespacedHostname>,
+    /// Service → member workloads with their port maps, derived from `Workload.services` and
+    /// from endpoints listed on the service itself (local config).
+    endpoints: HashMap<NamespacedHostname, BTreeMap<WorkloadUid, PortMap>>,
+    policies: PolicySet,
+}
+
+/// Shared, thread-safe state store.
+#[derive(Debug)]
+pub struct ProxyState {
+    inner: RwLock<Inner>,
+    policy_generation: watch::Sender<u64>,
+}
+
+impl Default for ProxyState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProxyState {
+    pub fn new() -> Self {
+        Self {
+            inner: RwLock::new(Inner::default()),
+            policy_generation: watch::channel(0).0,
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way that
+        // matters more than stopping the proxy would, so recover the guard.
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A receiver that changes whenever authorization-relevant state changed.
+    pub fn policy_changes(&self) -> watch::Receiver<u64> {
+        self.policy_generation.subscribe()
+    }
+
+    fn bump_policy(&self) {
+        self.policy_generation
+            .send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    // ---- mutation ----------------------------------------------------------------------
+
+    /// Inserts or replaces a workload (xDS resource name = uid).
+    pub fn upsert_workload(&self, workload: Workload) {
+        {
+            let mut inner = self.write();
+            inner.remove_workload(workload.uid.as_str());
+            inner.insert_workload(Arc::new(workload));
+        }
+        self.bump_policy();
+    }
+
+    pub fn remove_workload(&self, uid: &str) -> bool {
+        let removed = self.write().remove_workload(uid);
+        if removed {
+            self.bump_policy();
+        }
+        removed
+    }
+
+    /// Inserts or replaces a service (xDS resource name = `namespace/hostname`).
+    pub fn upsert_service(&self, service: Service) {
+        let mut inner = self.write();
+        inner.remove_service(&service.key);
+        inner.insert_service(Arc::new(service));
+    }
+
+    pub fn remove_service(&self, key: &NamespacedHostname) -> bool {
+        self.write().remove_service(key)
+    }
+
+    pub fn upsert_policy(&self, policy: Authorization) {
+        self.write().policies.insert(policy);
+        self.bump_policy();
+    }
+
+    pub fn remove_policy(&self, key: &PolicyKey) -> bool {
+        let removed = self.write().policies.remove(key).is_some();
+        if removed {
+            self.bump_policy();
+        }
+        removed
+    }
+
+    /// Replaces everything (the local config file is authoritative for what it lists).
+    pub fn replace_all(
+        &self,
+        workloads: Vec<Workload>,
+        services: Vec<Service>,
+        policies: Vec<Authorization>,
+    ) {
+        {
+            let mut inner = self.write();
+            *inner = Inner::default();
+            for w in workloads {
+                inner.remove_workload(w.uid.as_str());
+                inner.insert_workload(Arc::new(w));
+            }
+            for s in services {
+                inner.remove_service(&s.key);
+                inner.insert_service(Arc::new(s));
+            }
+            for p in policies {
+                inner.policies.insert(p);
+            }
+        }
+        self.bump_policy();
+    }
+
+    // ---- lookups -----------------------------------------------------------------------
+
+    pub fn workload_by_uid(&self, uid: &str) -> Option<Arc<Workload>> {
+        self.read().workloads.get(uid).cloned()
+    }
+
+    pub fn workload_by_addr(&self, network: &str, ip: IpAddr) -> Option<Arc<Workload>> {
+        let inner = self.read();
+        let uid = inner
+            .workloads_by_addr
+            .get(&NetworkAddr::new(network, ip))?;
+        inner.workloads.get(uid).cloned()
+    }
+
+    pub fn service_by_vip(&self, network: &str, ip: IpAddr) -> Option<Arc<Service>> {
+        let inner = self.read();
+        let key = inner.services_by_vip.get(&NetworkAddr::new(network, ip))?;
+        inner.services.get(key).cloned()
+    }
+
+    pub fn service_by_key(&self, key: &NamespacedHostname) -> Option<Arc<Service>> {
+        self.read().services.get(key).cloned()
+    }
+
+    /// Services with this hostname in any namespace (DNS and hostname CONNECT targets).
+    pub fn services_by_hostname(&self, hostname: &str) -> Vec<Arc<Service>> {
+        let mut v: Vec<_> = self
+            .read()
+            .services
+            .values()
+            .filter(|s| s.hostname() == hostname)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
+    }
+
+    pub fn all_services(&self) -> Vec<Arc<Service>> {
+        self.read().services.values().cloned().collect()
+    }
+
+    pub fn all_workloads(&self) -> Vec<Arc<Workload>> {
+        self.read().workloads.values().cloned().collect()
+    }
+
+    pub fn all_policies(&self) -> Vec<Arc<Authorization>> {
+        self.read().policies.iter().cloned().collect()
+    }
+
+    /// Endpoints of a service, healthy or admitted by its health policy.
+    pub fn endpoints(&self, service: &Service) -> Vec<ResolvedEndpoint> {
+        let inner = self.read();
+        let Some(members) = inner.endpoints.get(&service.key) else {
+            return Vec::new();
+        };
+        members
+            .iter()
+            .filter_map(|(uid, ports)| {
+                let workload = inner.workloads.get(uid)?;
+                let status = service
+                    .endpoints
+                    .get(uid)
+                    .map(|e| e.status)
+                    .unwrap_or(workload.status);
+                let healthy = status == HealthStatus::Healthy && workload.status == status;
+                (healthy || service.admits(status)).then(|| ResolvedEndpoint {
+                    workload: workload.clone(),
+                    ports: ports.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// The workload an in-pod proxy serves: matched by name, namespace and service account,
+    /// restricted to `node` when given (§2.4; the ZDS uid is not used for lookup).
+    pub fn find_local_workload(
+        &self,
+        name: &str,
+        namespace: &str,
+        service_account: &str,
+        node: Option<&str>,
+    ) -> Option<Arc<Workload>> {
+        let inner = self.read();
+        let mut found: Vec<&Arc<Workload>> = inner
+            .workloads
+            .values()
+            .filter(|w| {
+                w.name == name
+                    && w.namespace() == namespace
+                    && w.service_account() == service_account
+                    && node.is_none_or(|n| w.node == n)
+            })
+            .collect();
+        found.sort_by(|a, b| a.uid.cmp(&b.uid));
+        found.first().map(|w| (*w).clone())
+    }
+
+    /// Authorization decision for a connection to `workload`.
+    pub fn authorize(
+        &self,
+        workload: &Workload,
+        conn: &ambit_model::authz::Connection,
+    ) -> AuthzOutcome {
+        let inner = self.read();
+        let decision = inner.policies.evaluate(workload, conn);
+        AuthzOutcome::from_decision(&decision)
+    }
+}
+
+/// A decision detached from the state lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthzOutcome {
+    Allow,
+    Deny(String),
+}
+
+impl AuthzOutcome {
+    fn from_decision(d: &ambit_model::authz::Decision<'_>) -> Self {
+        match d.verdict {
+            ambit_model::authz::Verdict::Allow => AuthzOutcome::Allow,
+            ambit_model::authz::Verdict::Deny(reason) => AuthzOutcome::Deny(reason.to_string()),
+        }
+    }
+}
+
+impl Inner {
+    fn insert_workload(&mut self, w: Arc<Workload>) {
+        for addr in w.network_addrs() {
+            self.workloads_by_addr.insert(addr, w.uid.clone());
+        }
+        for (svc, ports) in &w.services {
+            self.endpoints
+                .entry(svc.clone())
+                .or_default()
+                .insert(w.uid.clone(), ports.clone());
+        }
+        self.workloads.insert(w.uid.clone(), w);
+    }
+
+    fn remove_workload(&mut self, uid: &str) -> bool {
+        let Some(old) = self.workloads.remove(uid) else {
+            return false;
+        };
+        for addr in old.network_addrs() {
+            if self
+                .workloads_by_addr
+                .get(&addr)
+                .is_some_and(|u| u.as_str() == uid)
+            {
+                self.workloads_by_addr.remove(&addr);
+            }
+        }
+        for svc in old.services.keys() {
+            if let Some(members) = self.endpoints.get_mut(svc) {
+                members.remove(uid);
+            }
+        }
+        true
+    }
+
+    fn insert_service(&mut self, s: Arc<Service>) {
+        for vip in &s.vips {
+            self.services_by_vip.insert(vip.clone(), s.key.clone());
+        }
+        // Endpoints listed on the service itself (local config form).
+        for (uid, ep) in &s.endpoints {
+            self.endpoints
+                .entry(s.key.clone())
+                .or_default()
+                .insert(uid.clone(), ep.ports.clone());
+        }
+        self.services.insert(s.key.clone(), s);
+    }
+
+    fn remove_service(&mut self, key: &NamespacedHostname) -> bool {
+        let Some(old) = self.services.remove(key) else {
+            return false;
+        };
+        for vip in &old.vips {
+            if self.services_by_vip.get(vip) == Some(key) {
+                self.services_by_vip.remove(vip);
+            }
+        }
+        if let Some(members) = self.endpoints.get_mut(key) {
+            for uid in old.endpoints.keys() {
+                // Keep membership that workloads declare themselves.
+                let declared = self
+                    .workloads
+                    .get(uid)
+                    .is_some_and(|w| w.services.contains_key(key));
+                if !declared {
+                    members.remove(uid);
+                }
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,182 @@
+//! Access logs: one record per proxied connection on the tracing target `access` (§8.2).
+//!
+//! - DEBUG "connection opened" when it starts ([`AccessLog::opened`]);
+//! - INFO "connection complete" when it ends, ERROR with `error=` if it failed
+//!   ([`AccessLog::complete`]);
+//! - WARN "connection failed" for failures before there is a connection record at all
+//!   ([`connection_failed`]).
+//!
+//! `bytes_sent` is what flowed client → server (towards the destination) and `bytes_recv`
+//! what flowed back, for both directions. Note this is the *opposite* word from Istio's metric
+//! convention (see [`super::metrics`]): with a [`ConnectionGuard`],
+//! `bytes_sent = guard.bytes_received()`; [`AccessLog::complete_with`] does that for you.
+//! Missing optional fields are left out of the record, as upstream does.
+
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::metrics::ConnectionGuard;
+
+/// The tracing target of access logs.
+pub const TARGET: &str = "access";
+
+/// Which way the connection goes, from the workload this ztunnel serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Outbound,
+    Inbound,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Outbound => "outbound",
+            Direction::Inbound => "inbound",
+        }
+    }
+}
+
+/// What an access log record says about a connection's endpoints.
+#[derive(Debug, Clone)]
+pub struct ConnectionLog {
+    pub direction: Direction,
+    pub src_addr: SocketAddr,
+    pub src_workload: Option<Arc<str>>,
+    pub src_namespace: Option<Arc<str>>,
+    /// SPIFFE id of the client; only when it was proven by mTLS.
+    pub src_identity: Option<Arc<str>>,
+    pub src_cluster: Option<Arc<str>>,
+    /// L4 next hop (e.g. `podIP:15008` for HBONE, the app's address inbound).
+    pub dst_addr: SocketAddr,
+    /// The HBONE CONNECT authority, when tunnelled.
+    pub dst_hbone_addr: Option<Arc<str>>,
+    pub dst_service: Option<Arc<str>>,
+    pub dst_workload: Option<Arc<str>>,
+    pub dst_namespace: Option<Arc<str>>,
+    pub dst_identity: Option<Arc<str>>,
+    pub dst_cluster: Option<Arc<str>>,
+}
+
+impl ConnectionLog {
+    /// A record with only the addresses and direction known.
+    pub fn new(direction: Direction, src_addr: SocketAddr, dst_addr: SocketAddr) -> Self {
+        ConnectionLog {
+            direction,
+            src_addr,
+            src_workload: None,
+            src_namespace: None,
+            src_identity: None,
+            src_cluster: None,
+            dst_addr,
+            dst_hbone_addr: None,
+            dst_service: None,
+            dst_workload: None,
+            dst_namespace: None,
+            dst_identity: None,
+            dst_cluster: None,
+        }
+    }
+}
+
+/// The access log of one connection; log the end with [`AccessLog::complete`].
+#[derive(Debug)]
+pub struct AccessLog {
+    info: ConnectionLog,
+    started: Instant,
+}
+
+/// `13ms`, upstream's rendering of the connection duration.
+fn format_duration(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+// Events need a constant level, so the field list is written once here and expanded per level.
+macro_rules! access_event {
+    ($level:expr, $info:expr, $msg:literal $(, $($extra:tt)+)?) => {
+        tracing::event!(
+            target: "access",
+            $level,
+            src.addr = %$info.src_addr,
+            src.workload = $info.src_workload.as_deref(),
+            src.namespace = $info.src_namespace.as_deref(),
+            src.identity = $info.src_identity.as_deref(),
+            src.cluster = $info.src_cluster.as_deref(),
+            dst.addr = %$info.dst_addr,
+            dst.hbone_addr = $info.dst_hbone_addr.as_deref(),
+            dst.service = $info.dst_service.as_deref(),
+            dst.workload = $info.dst_workload.as_deref(),
+            dst.namespace = $info.dst_namespace.as_deref(),
+            dst.identity = $info.dst_identity.as_deref(),
+            dst.cluster = $info.dst_cluster.as_deref(),
+            direction = $info.direction.as_str(),
+            $($($extra)+,)?
+            $msg
+        )
+    };
+}
+
+impl AccessLog {
+    /// Starts the record and logs DEBUG "connection opened".
+    pub fn opened(info: ConnectionLog) -> Self {
+        access_event!(tracing::Level::DEBUG, info, "connection opened");
+        AccessLog {
+            info,
+            started: Instant::now(),
+        }
+    }
+
+    /// The endpoints of this record (to fill in fields learnt later, e.g. the peer identity).
+    pub fn info_mut(&mut self) -> &mut ConnectionLog {
+        &mut self.info
+    }
+
+    /// Logs INFO "connection complete", or ERROR with `error` if it failed.
+    pub fn complete(self, bytes_sent: u64, bytes_recv: u64, error: Option<&dyn Display>) {
+        let info = &self.info;
+        let duration = format_duration(self.started.elapsed());
+        match error {
+            None => access_event!(
+                tracing::Level::INFO,
+                info,
+                "connection complete",
+                bytes_sent,
+                bytes_recv,
+                duration = %duration
+            ),
+            Some(error) => access_event!(
+                tracing::Level::ERROR,
+                info,
+                "connection complete",
+                bytes_sent,
+                bytes_recv,
+                duration = %duration,
+                error = %error
+            ),
+        }
+    }
+
+    /// [`AccessLog::complete`] with the byte totals of a metrics guard.
+    pub fn complete_with(self, guard: &ConnectionGuard, error: Option<&dyn Display>) {
+        self.complete(guard.bytes_received(), guard.bytes_sent(), error);
+    }
+}
+
+/// Logs WARN "connection failed" for a failure before a connection record exists.
+pub fn connection_failed(
+    src_addr: SocketAddr,
+    dst_addr: SocketAddr,
+    direction: Direction,
+    error: &dyn Display,
+) {
+    tracing::event!(
+        target: "access",
+        tracing::Level::WARN,
+        src.addr = %src_addr,
+        dst.addr = %dst_addr,
+        direction = direction.as_str(),
+        error = %error,
+        "connection failed"
+    );
+}
