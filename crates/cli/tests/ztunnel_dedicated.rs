@@ -347,3 +347,228 @@ fn exchange_line(s: &mut std::net::TcpStream, line: &str) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// One request on an HBONE connection to the server's 15008, with the plain pod's identity.
+async fn hbone_status(
+    sock: tokio::net::TcpSocket,
+    dst: SocketAddr,
+    config: Arc<ambit_tls::rustls::ClientConfig>,
+    method: &str,
+    uri: &str,
+) -> Result<(u16, String), String> {
+    let tcp = sock.connect(dst).await.map_err(|e| e.to_string())?;
+    let tls = ambit_tls::tokio_rustls::TlsConnector::from(config)
+        .connect(ambit_tls::hbone_server_name(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut client, conn) = h2::client::handshake(tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(())
+        .unwrap();
+    let (resp, _send) = client.send_request(req, false).map_err(|e| e.to_string())?;
+    let resp = resp.await.map_err(|e| e.to_string())?;
+    let baggage = resp
+        .headers()
+        .get("baggage")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    Ok((resp.status().as_u16(), baggage))
+}
+
+#[test]
+fn hbone_status_codes_match_upstream() {
+    if !capable("hbone_status_codes_match_upstream") {
+        return;
+    }
+    let m = standard_mesh();
+    let server_ip = m.topo.pod("server").ip();
+    let hbone = m.pod_addr("server", 15008);
+    let cert = m.ca.issue(&id("plain"), Duration::from_secs(3600)).unwrap();
+    let config = Arc::new(ambit_tls::client_config(&cert, vec![id("server")]).unwrap());
+    let factory = mesh::app_factory(m.pod_ns("plain"));
+    let request = |method: &str, uri: &str| {
+        let sock = factory
+            .new_tcp_stream_socket(hbone, None, &ambit_netns::SocketOptions::default())
+            .unwrap();
+        m.rt.block_on(hbone_status(
+            tokio::net::TcpSocket::from_std_stream(sock.into()),
+            hbone,
+            config.clone(),
+            method,
+            uri,
+        ))
+    };
+    eventually("server ztunnel ready", SECS, || {
+        request("CONNECT", &format!("{server_ip}:{APP_PORT}")).ok()
+    });
+    // (method, authority, status)
+    let cases = [
+        ("CONNECT", format!("{server_ip}:{APP_PORT}"), 200),
+        (
+            "CONNECT",
+            "echo.default.svc.cluster.local:80".to_string(),
+            200,
+        ),
+        ("GET", format!("http://{server_ip}:{APP_PORT}/"), 400),
+        ("CONNECT", format!("198.19.200.200:{APP_PORT}"), 400),
+        ("CONNECT", format!("{server_ip}:15001"), 503),
+        ("CONNECT", format!("{server_ip}:15008"), 503),
+        (
+            "CONNECT",
+            "nothing.default.svc.cluster.local:80".to_string(),
+            503,
+        ),
+    ];
+    for (method, uri, want) in &cases {
+        let (status, baggage) = request(method, uri).unwrap();
+        assert_eq!(status, *want, "{method} {uri}");
+        if status == 200 {
+            assert!(
+                baggage.contains("k8s.namespace.name=default"),
+                "response baggage {baggage:?}"
+            );
+            assert!(
+                baggage.contains("service.name=server-app"),
+                "response baggage {baggage:?}"
+            );
+        }
+    }
+    let deny_plain = "- name: deny-plain\n  namespace: default\n  scope: Namespace\n  action: Deny\n  rules: [[[ {principals: [!Exact cluster.local/ns/default/sa/plain]} ]]]\n";
+    m.write_config(&[deny_plain]);
+    eventually("401 for a denied identity", SECS, || {
+        (request("CONNECT", &format!("{server_ip}:{APP_PORT}"))
+            .ok()?
+            .0
+            == 401)
+            .then_some(())
+    });
+}
+
+/// A stand-in upstream resolver: answers every query NOERROR with no records (echoing the
+/// question) and reports the query types it saw.
+fn fake_resolver(
+    m: &Mesh,
+    ns: &ambit_topology::Namespace,
+    addr: SocketAddr,
+) -> std::sync::mpsc::Receiver<u16> {
+    let sock = mesh::app_factory(ns)
+        .new_udp_socket(addr, &ambit_netns::SocketOptions::default())
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    m.rt.spawn(async move {
+        let sock = tokio::net::UdpSocket::from_std(sock).unwrap();
+        let mut buf = [0u8; 1500];
+        loop {
+            let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
+                return;
+            };
+            if n < 12 {
+                continue;
+            }
+            let mut resp = buf[..n].to_vec();
+            resp[2] |= 0x80; // QR
+            resp[3] = 0x80; // RA, NOERROR
+            // Question type follows the QNAME of the (single) question.
+            let mut i = 12;
+            while i < n && buf[i] != 0 {
+                i += usize::from(buf[i]) + 1;
+            }
+            if i + 2 < n {
+                let _ = tx.send(u16::from_be_bytes([buf[i + 1], buf[i + 2]]));
+            }
+            let _ = sock.send_to(&resp, peer).await;
+        }
+    });
+    rx
+}
+
+fn dig(m: &Mesh, pod: &str, args: &[&str]) -> String {
+    let mut argv = vec!["dig", "+time=2", "+tries=2"];
+    argv.extend_from_slice(args);
+    let out = m.topo.exec(pod, &argv).unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn dns_proxy_answers_mesh_names_and_forwards_the_rest() {
+    if !capable("dns_proxy_answers_mesh_names_and_forwards_the_rest") {
+        return;
+    }
+    let m = Mesh::start_opts(
+        &[("node1", "client", true), ("node2", "server", true)],
+        true,
+    );
+    let node2 = m.topo.node("node2");
+    let resolver = SocketAddr::from((node2.ip(), 53));
+    let seen = fake_resolver(&m, node2.netns(), resolver);
+    let upstream = resolver.ip().to_string();
+    let at_upstream = format!("@{upstream}");
+    // (dig arguments, expected in the output)
+    let cases: &[(&[&str], &str)] = &[
+        // Straight to the proxy.
+        (
+            &[
+                "@127.0.0.1",
+                "-p",
+                "15053",
+                "+short",
+                "echo.default.svc.cluster.local",
+            ],
+            "10.96.0.10",
+        ),
+        // Captured: the pod asks its resolver, the in-pod rules send it to the proxy.
+        (
+            &[&at_upstream, "+short", "echo.default.svc.cluster.local"],
+            "10.96.0.10",
+        ),
+        // Known name, no IPv6 record: NOERROR with an empty answer.
+        (
+            &[&at_upstream, "AAAA", "echo.default.svc.cluster.local"],
+            "status: NOERROR",
+        ),
+        // Not ours: forwarded to the upstream resolver, which answers.
+        (
+            &[&at_upstream, "SRV", "_http._tcp.example.org"],
+            "status: NOERROR",
+        ),
+        (
+            &[&at_upstream, "TXT", "unknown.example.org"],
+            "status: NOERROR",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = eventually(&format!("dig {args:?}"), SECS, || {
+            let out = dig(&m, "client", args);
+            out.contains(want).then_some(out)
+        });
+        assert!(out.contains(want), "{args:?}: {out}");
+    }
+    let types: Vec<u16> = seen.try_iter().collect();
+    assert!(
+        types.contains(&33),
+        "SRV reached the upstream resolver: {types:?}"
+    );
+    assert!(
+        types.contains(&16),
+        "TXT reached the upstream resolver: {types:?}"
+    );
+    assert!(
+        !types.contains(&1),
+        "mesh A queries must be answered locally: {types:?}"
+    );
+    let metrics = m.metrics("client");
+    assert!(
+        counter(&metrics, "istio_dns_requests_total", &[]) >= 4.0,
+        "{metrics}"
+    );
+    assert!(
+        counter(&metrics, "istio_dns_upstream_requests_total", &[]) >= 2.0,
+        "{metrics}"
+    );
+}

@@ -181,3 +181,4 @@ pub(crate) fn original_dst(sock: &socket2::SockRef<'_>) -> io::Result<std::net::
 pub(crate) fn is_transparent(sock: &socket2::SockRef<'_>, ipv6: bool) -> io::Result<bool> {
     if ipv6 { sock.ip_transparent_v6() } else { sock.ip_transparent_v4() }
 }
+

@@ -67,3 +67,4 @@ pub(crate) fn original_dst(_sock: &socket2::SockRef<'_>) -> std::io::Result<std:
 pub(crate) fn is_transparent(_sock: &socket2::SockRef<'_>, _ipv6: bool) -> std::io::Result<bool> {
     Ok(false)
 }
+

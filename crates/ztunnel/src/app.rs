@@ -5,6 +5,7 @@
 //! *data-plane* runtime (`ZTUNNEL_WORKER_THREADS`) for the proxies, so a burst of traffic
 //! cannot starve certificate renewal or readiness, and vice versa.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -17,6 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::admin::{AdminServer, AdminState, DumpSection};
 use crate::config::{Config, LocalXds, ProxyMode};
+use crate::dns::{DnsContext, DnsServer, Forwarder};
 use crate::drain::{self, DrainMode};
 use crate::identity::{CaClient, CertManager, CertState};
 use crate::proxy::{ConnectionTracker, Listeners, LocalWorkload, Proxy, ProxyInputs, WorkloadPool};
@@ -51,6 +53,8 @@ pub enum AppError {
     NoWorkloadInfo,
     #[error("shared (in-pod) mode: {0}")]
     Shared(String),
+    #[error("DNS proxy: {0}")]
+    Dns(#[from] crate::dns::DnsError),
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
 }
@@ -291,6 +295,7 @@ async fn async_main(
     let tracker = ConnectionTracker::new();
     let policy_watch = data.spawn(tracker.clone().watch_policies(state.clone()));
 
+    let mut dns_task_handle = None;
     let proxy = match cfg.proxy_mode {
         ProxyMode::Dedicated => {
             let info = cfg
@@ -333,6 +338,40 @@ async fn async_main(
             if let Some(w) = inputs.local_workload() {
                 certs.prefetch(w.identity());
             }
+            if cfg.dns_proxy {
+                let dns_task = ready.register_task("dns proxy");
+                let mut addrs = vec![cfg.dns_proxy_addr];
+                if cfg.ipv6_enabled && cfg.dns_proxy_addr.ip() == std::net::Ipv4Addr::LOCALHOST {
+                    addrs.push(SocketAddr::from((
+                        std::net::Ipv6Addr::LOCALHOST,
+                        cfg.dns_proxy_addr.port(),
+                    )));
+                }
+                let dns_listeners = {
+                    let _guard = data.enter();
+                    DnsServer::bind(inputs.socket_factory.as_ref(), &addrs)?
+                };
+                let forwarder = Forwarder::from_resolv_conf(&cfg.dns_resolv_conf)?;
+                let client_inputs = inputs.clone();
+                let ctx = DnsContext {
+                    state: state.clone(),
+                    client: Arc::new(move || client_inputs.local_workload()),
+                    cluster_domain: cfg.cluster_domain.clone(),
+                    prefered_service_namespace: cfg.prefered_service_namespace.clone(),
+                    ipv6_enabled: cfg.ipv6_enabled,
+                    forwarder,
+                    socket_factory: inputs.socket_factory.clone(),
+                    metrics: Arc::new((*metrics).clone()),
+                };
+                let watcher = servers_drain.watcher();
+                dns_task_handle = Some(data.spawn(async move {
+                    DnsServer::serve(dns_listeners, ctx, async move {
+                        watcher.signaled().await;
+                    })
+                    .await;
+                }));
+                drop(dns_task);
+            }
             let proxy = {
                 let _guard = data.enter();
                 Proxy::serve(listeners, inputs)
@@ -363,6 +402,9 @@ async fn async_main(
         _ = second_signal => tracing::warn!("second signal: stopping immediately"),
     }
     policy_watch.abort();
+    if let Some(dns) = dns_task_handle {
+        dns.abort();
+    }
     servers_drain
         .start_drain_and_wait(DrainMode::Graceful, Duration::from_secs(1))
         .await;

@@ -166,6 +166,9 @@ pub struct Config {
 
     pub dns_proxy: bool,
     pub dns_proxy_addr: SocketAddr,
+    /// Where unanswered DNS queries go: the nameservers of this file (`/etc/resolv.conf`;
+    /// ambit extension `AMBIT_DNS_RESOLV_CONF` overrides the path).
+    pub dns_resolv_conf: PathBuf,
     pub socks5: bool,
     pub ipv6_enabled: bool,
     /// `None` = try IP_TRANSPARENT and fall back; `Some(true)` = required.
@@ -705,6 +708,10 @@ impl Config {
             proxy_metadata,
             dns_proxy: dns_capture,
             dns_proxy_addr,
+            dns_resolv_conf: r
+                .string("AMBIT_DNS_RESOLV_CONF")
+                .unwrap_or_else(|| "/etc/resolv.conf".into())
+                .into(),
             socks5: r.bool("UNSTABLE_ENABLE_SOCKS5", false),
             ipv6_enabled,
             enable_orig_src,

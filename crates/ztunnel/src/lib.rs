@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod dns;
 pub mod drain;
 pub mod grpc;
 pub mod app;

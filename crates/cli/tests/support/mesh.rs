@@ -66,6 +66,8 @@ pub struct Mesh {
     pub rt: tokio::runtime::Runtime,
     pub ztunnels: HashMap<String, Proc>,
     pub config: PathBuf,
+    /// DNS capture rules + the DNS proxy on, forwarding to `resolv.conf` in `dir`.
+    pub dns: bool,
 }
 
 pub fn id(sa: &str) -> SpiffeId {
@@ -155,6 +157,12 @@ pub fn closed_within(s: &mut TcpStream, timeout: Duration) -> bool {
 impl Mesh {
     /// `pods` = (node, pod, captured: runs ztunnel + rules).
     pub fn start(pods: &[(&str, &str, bool)]) -> Mesh {
+        Self::start_opts(pods, false)
+    }
+
+    /// Like [`Mesh::start`]; `dns` turns on DNS capture and the DNS proxy, whose upstream is
+    /// whatever `nameserver` the test writes to [`Mesh::resolv_conf`] before starting.
+    pub fn start_opts(pods: &[(&str, &str, bool)], dns: bool) -> Mesh {
         let mut b = Topology::builder();
         for (node, pod, _) in pods {
             b = b.pod(*node, *pod);
@@ -176,7 +184,12 @@ impl Mesh {
             ca,
             rt,
             ztunnels: HashMap::new(),
+            dns,
         };
+        if dns {
+            let node = mesh.topo.nodes().last().expect("a node");
+            std::fs::write(mesh.resolv_conf(), format!("nameserver {}\n", node.ip())).unwrap();
+        }
         mesh.start_ca();
         for (_, pod, captured) in pods {
             if *captured {
@@ -274,12 +287,12 @@ impl Mesh {
         self.dir.path().join(format!("{pod}.captured")).exists()
     }
 
-    /// Applies the in-pod redirection rules (IPv4, DNS capture off) in `pod`.
+    /// Applies the in-pod redirection rules (IPv4; DNS capture when the mesh has DNS on).
     pub fn capture(&self, pod: &str) {
         std::fs::write(self.dir.path().join(format!("{pod}.captured")), "").unwrap();
         let cfg = PodRedirectConfig {
             ipv6: false,
-            dns_capture: false,
+            dns_capture: self.dns,
             ..Default::default()
         };
         let runner = IpNetnsExec {
@@ -307,7 +320,11 @@ impl Mesh {
             .env("LOCAL_XDS_PATH", &self.config)
             .env("PACKET_MARK", "1337")
             .env("IPV6_ENABLED", "false")
-            .env("ISTIO_META_DNS_CAPTURE", "false")
+            .env(
+                "ISTIO_META_DNS_CAPTURE",
+                if self.dns { "true" } else { "false" },
+            )
+            .env("AMBIT_DNS_RESOLV_CONF", self.resolv_conf())
             .env("CONNECTION_TERMINATION_DEADLINE", "2s")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -393,6 +410,11 @@ impl Mesh {
             .get(pod)
             .map(Proc::log_text)
             .unwrap_or_default()
+    }
+
+    /// The resolv.conf the ztunnels forward unanswered DNS queries to.
+    pub fn resolv_conf(&self) -> PathBuf {
+        self.dir.path().join("resolv.conf")
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
