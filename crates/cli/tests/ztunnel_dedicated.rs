@@ -126,6 +126,16 @@ fn hbone_across_nodes_is_encrypted_and_carries_identity() {
         );
         (opened >= 1.0 && sent > 0.0).then_some(())
     });
+    // Byte counters move while a connection is still open.
+    let mut open = connect_from(m.pod_ns("client"), m.pod_addr("server", APP_PORT)).unwrap();
+    exchange(&mut open, "live-bytes").unwrap();
+    eventually("live byte counters", SECS, || {
+        let text = m.metrics("server");
+        let open_conns = counter(&text, "istio_tcp_sockets_open", &["reporter=\"destination\""]);
+        let received = counter(&text, "istio_tcp_received_bytes_total", &["reporter=\"destination\""]);
+        (open_conns >= 1.0 && received > 0.0).then_some(())
+    });
+    drop(open);
     eventually("server access log names the client identity", SECS, || {
         m.ztunnel_log("server")
             .contains(&id("client").to_string())
@@ -571,4 +581,35 @@ fn dns_proxy_answers_mesh_names_and_forwards_the_rest() {
         counter(&metrics, "istio_dns_upstream_requests_total", &[]) >= 2.0,
         "{metrics}"
     );
+}
+
+#[test]
+fn certificate_rotation_keeps_connections() {
+    if !capable("certificate_rotation_keeps_connections") {
+        return;
+    }
+    // 4 s certificates: renewed every ~2 s.
+    let m = Mesh::start_full(
+        &[("node1", "client", true), ("node2", "server", true)],
+        false,
+        &[("SECRET_TTL", "4s")],
+    );
+    m.start_app("server", APP_PORT);
+    let server = m.pod_addr("server", APP_PORT);
+    let mut open = eventually("connection", SECS, || {
+        let mut s = connect_from(m.pod_ns("client"), server).ok()?;
+        exchange(&mut s, "first").ok()?;
+        Some(s)
+    });
+    // Wait until both sides renewed at least twice (three issuances each).
+    eventually("certificates renewed", SECS, || {
+        let issued = |pod: &str| m.ztunnel_log(pod).matches("certificate issued").count();
+        (issued("client") >= 3 && issued("server") >= 3).then_some(())
+    });
+    let echoed = exchange_line(&mut open, "after-rotation");
+    assert!(echoed.contains("after-rotation"), "connection broke across rotation: {echoed:?}");
+    // New connections use the new certificates (the old ones have expired by now).
+    eventually("new connection after rotation", SECS, || {
+        try_exchange(&m, "client", server, "new").ok()
+    });
 }

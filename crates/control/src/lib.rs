@@ -3,3 +3,4 @@
 
 pub mod ca;
 pub mod grpc;
+pub mod xds;

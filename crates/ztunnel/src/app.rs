@@ -237,12 +237,6 @@ async fn async_main(
         });
         apply_local(&state, local);
     }
-    if cfg.xds_address.is_some() && cfg.local_xds.is_none() {
-        tracing::warn!(
-            "the xDS client is not built yet: XDS_ADDRESS is ignored; use LOCAL_XDS_PATH"
-        );
-    }
-    drop(state_task);
 
     let ca_address = cfg.ca_address.clone().ok_or(AppError::NoCa)?;
     let root = crate::grpc::load_root(&cfg.ca_root_cert)?;
@@ -289,6 +283,21 @@ async fn async_main(
             state.clone(),
             servers_watcher.clone(),
         ));
+    }
+    // Both the local file and xDS feed the same store (like upstream); readiness waits for
+    // the first ACKed response of each xDS type.
+    if let Some(address) = &cfg.xds_address {
+        let root = crate::grpc::load_root(&cfg.xds_root_cert)?;
+        let channel = crate::grpc::channel(address, &root, cfg.alt_xds_hostname.as_deref())?;
+        let client = crate::xds::XdsClient::new(
+            channel,
+            crate::xds::XdsClientConfig::from_config(&cfg),
+            state.clone(),
+            (*metrics).clone(),
+        );
+        servers.spawn(client.run(state_task, servers_watcher.clone()));
+    } else {
+        drop(state_task);
     }
     drop(servers_watcher);
 

@@ -17,3 +17,4 @@ pub mod state;
 pub mod telemetry;
 
 pub use config::Config;
+pub mod xds;

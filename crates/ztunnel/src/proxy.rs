@@ -5,6 +5,7 @@
 //! workload; in shared mode one pod, with every socket created inside the pod's netns through
 //! its [`SocketFactory`]. Listeners are owned by the proxy's task set and stop on drain.
 
+mod counted;
 mod inbound;
 mod inbound_plaintext;
 mod observe;
@@ -262,42 +263,29 @@ pub fn pool_config(cfg: &Config) -> ambit_hbone::PoolConfig {
     }
 }
 
-/// Copies between two TCP streams, counting bytes for metrics (client → upstream is "sent").
+/// Copies between two TCP streams, counting bytes live for metrics (Istio's convention:
+/// "received" is the request direction, client → server; "sent" the response direction).
 async fn copy_tcp(
     client: &mut tokio::net::TcpStream,
     upstream: &mut tokio::net::TcpStream,
     guard: &crate::telemetry::ConnectionGuard,
 ) -> Result<(), String> {
-    // Istio's convention: "received" is the request direction (client → server), "sent" the
-    // response direction.
-    match tokio::io::copy_bidirectional_with_sizes(client, upstream, 64 * 1024, 64 * 1024).await {
-        Ok((to_upstream, to_client)) => {
-            guard.add_received(to_upstream);
-            guard.add_sent(to_client);
-            Ok(())
-        }
-        Err(e) => Err(format!("copy: {e}")),
-    }
+    let mut counted = counted::Counted::new(client, guard, true);
+    tokio::io::copy_bidirectional_with_sizes(&mut counted, upstream, 64 * 1024, 64 * 1024)
+        .await
+        .map(drop)
+        .map_err(|e| format!("copy: {e}"))
 }
 
-/// Copies between a socket and an HBONE tunnel, counting bytes for metrics. `socket_is_client`
-/// tells which way is the request direction (outbound: the socket is the client).
+/// Copies between a socket and an HBONE tunnel, counting bytes live for metrics.
+/// `socket_is_client` tells which way is the request direction (outbound: the socket is the
+/// client; inbound: the socket is the application).
 async fn copy_hbone(
     socket: &mut tokio::net::TcpStream,
     tunnel: &mut ambit_hbone::H2Stream,
     guard: &crate::telemetry::ConnectionGuard,
     socket_is_client: bool,
 ) -> Result<(), String> {
-    let (t, err) = match ambit_hbone::copy_bidirectional(socket, tunnel).await {
-        Ok(t) => (t, None),
-        Err(e) => (e.transferred, Some(e.to_string())),
-    };
-    let (request, response) = if socket_is_client {
-        (t.to_tunnel, t.from_tunnel)
-    } else {
-        (t.from_tunnel, t.to_tunnel)
-    };
-    guard.add_received(request);
-    guard.add_sent(response);
-    err.map_or(Ok(()), Err)
+    let mut counted = counted::Counted::new(socket, guard, socket_is_client);
+    ambit_hbone::copy_bidirectional(&mut counted, tunnel).await.map(drop).map_err(|e| e.to_string())
 }

@@ -68,6 +68,8 @@ pub struct Mesh {
     pub config: PathBuf,
     /// DNS capture rules + the DNS proxy on, forwarding to `resolv.conf` in `dir`.
     pub dns: bool,
+    /// Extra environment for every ztunnel.
+    pub env: Vec<(String, String)>,
 }
 
 pub fn id(sa: &str) -> SpiffeId {
@@ -163,6 +165,11 @@ impl Mesh {
     /// Like [`Mesh::start`]; `dns` turns on DNS capture and the DNS proxy, whose upstream is
     /// whatever `nameserver` the test writes to [`Mesh::resolv_conf`] before starting.
     pub fn start_opts(pods: &[(&str, &str, bool)], dns: bool) -> Mesh {
+        Self::start_full(pods, dns, &[])
+    }
+
+    /// The general constructor: `env` is added to every ztunnel's environment.
+    pub fn start_full(pods: &[(&str, &str, bool)], dns: bool, env: &[(&str, &str)]) -> Mesh {
         let mut b = Topology::builder();
         for (node, pod, _) in pods {
             b = b.pod(*node, *pod);
@@ -185,6 +192,7 @@ impl Mesh {
             rt,
             ztunnels: HashMap::new(),
             dns,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         if dns {
             let node = mesh.topo.nodes().last().expect("a node");
@@ -234,10 +242,12 @@ impl Mesh {
                 )
             })
             .collect();
+        // Short-lived certificates are allowed so tests can watch rotation.
         let svc = CaService::new(
             self.ca.clone(),
             Arc::new(StaticAuthorizer::new(tokens, |_, _| false)),
-        );
+        )
+        .with_min_ttl(Duration::from_secs(1));
         let server_cert = self.ca.server_cert_for_hostnames(&["ca.test"]).unwrap();
         let tls = Arc::new(ambit_tls::server_config_plain(&server_cert).unwrap());
         let routes = tonic::service::Routes::new(IstioCertificateServiceServer::new(svc));
@@ -330,6 +340,9 @@ impl Mesh {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
         for (k, v) in extra_env {
             cmd.env(k, v);
         }

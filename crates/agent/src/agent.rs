@@ -1,0 +1,403 @@
+//! The node agent: pod events in, enrolment out (`spec/cni.md` §1.3–§1.7, §6).
+//!
+//! Tasks (all owned by one [`JoinSet`] in [`AgentHandle`], stopped on shutdown): the event
+//! loop (keeps the pod/namespace cache current and queues work; it never blocks on rule
+//! tools or ztunnel so the plugin path always sees fresh pods), the worker (runs queued
+//! reconciles one at a time and retries failures with per-pod backoff 5 ms → 5 s), the ZDS
+//! server, the plugin-event HTTP server, health and metrics servers, and the verification
+//! loop. Mesh operations (add, remove, verify) are serialised by one async lock over the
+//! enrolled-pod table, so a CNI ADD, a label change and a verification pass never
+//! interleave on one pod.
+
+mod http;
+mod mesh;
+pub mod metrics;
+pub mod runner;
+pub mod verify;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ambit_netns::NetnsFd;
+use ambit_redirect::{Backend, HostRules, HostRulesConfig, ProbeSet};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
+
+use crate::config::AgentConfig;
+use crate::pods::{Cache, Pod, PodEvent, PodSource};
+use crate::zds::{ZdsError, ZdsServer};
+pub use mesh::MeshError;
+use mesh::Slot;
+use metrics::Metrics;
+use runner::{FdRunner, HostRunner};
+
+/// Failure starting or running the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The ZDS socket could not be bound.
+    #[error(transparent)]
+    Zds(#[from] ZdsError),
+    /// A server socket could not be bound.
+    #[error("binding {what} on {addr}: {source}")]
+    Bind {
+        /// Which server.
+        what: &'static str,
+        /// Address or path.
+        addr: String,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// The host netns could not be opened.
+    #[error("opening host netns: {0}")]
+    HostNetns(#[from] ambit_netns::NetnsError),
+    /// Host probe set or rules could not be set up.
+    #[error("host setup: {0}")]
+    Host(String),
+}
+
+type Key = (String, String);
+
+/// Work for the worker.
+#[derive(Debug, Clone)]
+enum Work {
+    /// Re-evaluate a pod from the cache (§1.5).
+    Reconcile(Key),
+    /// Take a pod out of the mesh (§1.6 / §1.7); `true` = deleted or terminal.
+    Remove(Pod, bool),
+}
+
+pub(crate) struct Core<S> {
+    cfg: AgentConfig,
+    source: S,
+    zds: ZdsServer,
+    cache: Mutex<Cache>,
+    /// Enrolled pods by UID; the lock also serialises mesh operations.
+    enrolled: tokio::sync::Mutex<HashMap<String, Slot>>,
+    host_runner: HostRunner,
+    metrics: Arc<Metrics>,
+    work: mpsc::UnboundedSender<Work>,
+    ready: AtomicBool,
+}
+
+impl<S> std::fmt::Debug for Core<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core").finish_non_exhaustive()
+    }
+}
+
+impl<S> Core<S> {
+    fn cache(&self) -> MutexGuard<'_, Cache> {
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn probe_runner(&self) -> HostRunner {
+        self.host_runner.clone()
+    }
+
+    fn backend(&self) -> Backend {
+        Backend::from_native_nftables(self.cfg.native_nftables)
+    }
+
+    fn ns_labels(&self, ns: &str) -> std::collections::BTreeMap<String, String> {
+        self.cache()
+            .namespaces
+            .get(ns)
+            .map(|n| n.labels.clone())
+            .unwrap_or_default()
+    }
+
+    fn should_enrol(&self, pod: &Pod) -> bool {
+        !pod.phase.is_terminal()
+            && self
+                .cfg
+                .enablement
+                .should_enrol(pod, &self.ns_labels(&pod.namespace))
+    }
+}
+
+/// A running agent.
+#[derive(Debug)]
+pub struct AgentHandle {
+    tasks: JoinSet<()>,
+    stop: watch::Sender<bool>,
+    /// Where `/healthz` and `/readyz` are served.
+    pub health_addr: SocketAddr,
+    /// Where `/metrics` is served.
+    pub metrics_addr: SocketAddr,
+    /// The ZDS server (connection count, snapshot hook).
+    pub zds: ZdsServer,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl AgentHandle {
+    /// Stops every task and waits for them.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Runs the agent until SIGINT/SIGTERM.
+pub async fn run_agent(cfg: AgentConfig, source: impl PodSource) -> Result<(), AgentError> {
+    let handle = start(cfg, source).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| AgentError::Bind {
+            what: "signal handler",
+            addr: "SIGTERM".into(),
+            source,
+        })?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    // Upgrade-safe shutdown (§1.10): host rules, probe set and pod rules stay in place.
+    handle.shutdown().await;
+    Ok(())
+}
+
+/// Starts the agent (§1.3 order: servers, host setup, ZDS listener, event sync, then
+/// accepting ztunnels) and returns once everything listens.
+pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHandle, AgentError> {
+    let metrics = Arc::new(Metrics::new());
+    // No installer runs inside this library; the CLI owns install and flips this.
+    metrics.install_ready.set(1);
+    let host_runner = match &cfg.host_netns {
+        None => HostRunner::Current(ambit_redirect::CurrentNetns),
+        Some(p) => HostRunner::Fd(FdRunner {
+            netns: Arc::new(NetnsFd::open(p)?),
+        }),
+    };
+    let backend = Backend::from_native_nftables(cfg.native_nftables);
+    let probe = ProbeSet::new(host_runner.clone(), backend, cfg.ipv6);
+    let host_rules = HostRules {
+        backend,
+        config: HostRulesConfig {
+            ipv6: cfg.ipv6,
+            probe_snat_v4: cfg.probe_snat_v4,
+            probe_snat_v6: cfg.probe_snat_v6,
+            kubelet_uid: cfg.kubelet_uid,
+        },
+    };
+    // §1.3 steps 4 and 6: set first (rules match on it), flushed, then host rules.
+    tokio::task::spawn_blocking(move || {
+        probe.ensure()?;
+        probe.flush()
+    })
+    .await
+    .map_err(|e| AgentError::Host(e.to_string()))?
+    .map_err(|e| AgentError::Host(e.to_string()))?;
+    {
+        let runner = host_runner.clone();
+        tokio::task::spawn_blocking(move || host_rules.apply(&runner))
+            .await
+            .map_err(|e| AgentError::Host(e.to_string()))?
+            .map_err(|e| AgentError::Host(e.to_string()))?;
+    }
+
+    let zds = ZdsServer::new(cfg.zds.clone(), Some(metrics.ztunnel_connected.clone()));
+    let zds_listener = ZdsServer::bind(&cfg.zds_socket)?;
+    let servers = http::Servers::bind(&cfg).await?;
+    let (health_addr, metrics_addr) = (servers.health_addr, servers.metrics_addr);
+
+    let (work_tx, work_rx) = mpsc::unbounded_channel();
+    let (stop, stop_rx) = watch::channel(false);
+    let core = Arc::new(Core {
+        cfg,
+        source,
+        zds: zds.clone(),
+        cache: Mutex::new(Cache::default()),
+        enrolled: tokio::sync::Mutex::new(HashMap::new()),
+        host_runner,
+        metrics: metrics.clone(),
+        work: work_tx,
+        ready: AtomicBool::new(false),
+    });
+
+    let mut tasks = JoinSet::new();
+    servers.spawn(&mut tasks, core.clone(), stop_rx.clone());
+    let events = core.source.watch();
+    let (synced_tx, mut synced_rx) = watch::channel(false);
+    tasks.spawn(event_loop(core.clone(), events, synced_tx, stop_rx.clone()));
+    tasks.spawn(worker(core.clone(), work_rx, stop_rx.clone()));
+    // Accept ztunnels only once the pod cache is synced (the snapshot must be complete).
+    // TODO(restart discovery, §1.8): the snapshot is empty after an agent restart until
+    // pods are re-enrolled by the worker; the /proc scan is not implemented.
+    let _ = synced_rx.wait_for(|s| *s).await;
+    {
+        let zds = zds.clone();
+        let stop = stop_rx.clone();
+        tasks.spawn(async move { zds.serve(zds_listener, stop).await });
+    }
+    tasks.spawn(verify_loop(core.clone(), stop_rx));
+    core.ready.store(true, Ordering::SeqCst);
+    Ok(AgentHandle {
+        tasks,
+        stop,
+        health_addr,
+        metrics_addr,
+        zds,
+        metrics,
+    })
+}
+
+async fn event_loop<S: PodSource>(
+    core: Arc<Core<S>>,
+    mut events: mpsc::UnboundedReceiver<PodEvent>,
+    synced: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut is_synced = false;
+    loop {
+        let ev = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            ev = events.recv() => match ev { Some(ev) => ev, None => return },
+        };
+        let node = &core.cfg.node_name;
+        match ev {
+            PodEvent::Synced => {
+                is_synced = true;
+                let keys: Vec<Key> = core.cache().pods.keys().cloned().collect();
+                for k in keys {
+                    let _ = core.work.send(Work::Reconcile(k));
+                }
+                let _ = synced.send(true);
+            }
+            PodEvent::Namespace(ns) => {
+                let name = ns.name.clone();
+                core.cache().namespaces.insert(name.clone(), ns);
+                // A namespace label change may flip every pod in it (§1.5).
+                let keys: Vec<Key> = core
+                    .cache()
+                    .pods
+                    .keys()
+                    .filter(|(n, _)| *n == name)
+                    .cloned()
+                    .collect();
+                for k in keys {
+                    let _ = core.work.send(Work::Reconcile(k));
+                }
+            }
+            PodEvent::NamespaceDeleted(name) => {
+                core.cache().namespaces.remove(&name);
+            }
+            PodEvent::Pod(pod) => {
+                if !node.is_empty() && pod.node != *node {
+                    continue;
+                }
+                if core.cfg.enablement.is_ztunnel(&pod) {
+                    continue;
+                }
+                let key = (pod.namespace.clone(), pod.name.clone());
+                let old = core.cache().pods.insert(key.clone(), pod.clone());
+                match old {
+                    // Pod adds are left to the CNI path, as upstream does (§1.5).
+                    None => core.metrics.event("add"),
+                    Some(old) => {
+                        core.metrics.event("update");
+                        let was_in = matches!(old.redirection(), Some("enabled" | "pending"));
+                        if pod.phase.is_terminal() && was_in {
+                            // Use the old object: a terminal status may carry no IPs.
+                            let _ = core.work.send(Work::Remove(old, true));
+                        } else if is_synced {
+                            let _ = core.work.send(Work::Reconcile(key));
+                        }
+                    }
+                }
+            }
+            PodEvent::PodDeleted(pod) => {
+                core.metrics.event("delete");
+                core.cache()
+                    .pods
+                    .remove(&(pod.namespace.clone(), pod.name.clone()));
+                let was_in = matches!(pod.redirection(), Some("enabled" | "pending"));
+                if was_in
+                    || core
+                        .cfg
+                        .enablement
+                        .should_enrol(&pod, &core.ns_labels(&pod.namespace))
+                {
+                    let _ = core.work.send(Work::Remove(pod, true));
+                }
+            }
+        }
+    }
+}
+
+const RETRY_MIN: Duration = Duration::from_millis(5);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+async fn worker<S: PodSource>(
+    core: Arc<Core<S>>,
+    mut rx: mpsc::UnboundedReceiver<Work>,
+    mut stop: watch::Receiver<bool>,
+) {
+    // Per-pod retry state: when, current backoff, what.
+    let mut retries: HashMap<Key, (Instant, Duration, Work)> = HashMap::new();
+    loop {
+        let next_due = retries.values().map(|(t, _, _)| *t).min();
+        let work = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            w = rx.recv() => match w { Some(w) => w, None => return },
+            _ = sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {
+                let now = Instant::now();
+                let Some(key) = retries
+                    .iter()
+                    .find(|(_, (t, _, _))| *t <= now)
+                    .map(|(k, _)| k.clone())
+                else {
+                    continue;
+                };
+                match retries.get(&key) {
+                    Some((_, _, w)) => w.clone(),
+                    None => continue,
+                }
+            }
+        };
+        let key = match &work {
+            Work::Reconcile(k) => k.clone(),
+            Work::Remove(p, _) => (p.namespace.clone(), p.name.clone()),
+        };
+        let result = match &work {
+            Work::Reconcile(k) => core.reconcile(k).await,
+            Work::Remove(pod, is_delete) => core.remove_pod_from_mesh(pod, *is_delete).await,
+        };
+        match result {
+            Ok(()) => {
+                retries.remove(&key);
+            }
+            Err(e) if e.retryable() => {
+                let backoff = retries
+                    .get(&key)
+                    .map_or(RETRY_MIN, |(_, b, _)| (*b * 2).min(RETRY_MAX));
+                tracing::info!(pod = ?key, error = %e, retry_in = ?backoff, "will retry");
+                retries.insert(key, (Instant::now() + backoff, backoff, work));
+            }
+            Err(e) => {
+                tracing::warn!(pod = ?key, error = %e, "giving up on pod");
+                retries.remove(&key);
+            }
+        }
+    }
+}
+
+async fn verify_loop<S: PodSource>(core: Arc<Core<S>>, mut stop: watch::Receiver<bool>) {
+    let mut snapshots = core.zds.snapshots();
+    let period = core.cfg.verify_interval;
+    let mut next = period.map(|p| Instant::now() + p);
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            changed = snapshots.changed() => if changed.is_err() { return },
+            _ = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {}
+        }
+        core.verify_all().await;
+        next = period.map(|p| Instant::now() + p);
+    }
+}

@@ -1,0 +1,256 @@
+//! The agent's HTTP servers: plugin events on `<run_dir>/pluginevent.sock` (HTTP/1.1,
+//! mode 0666, `POST /cmdadd`, §5.3), health on `/healthz` + `/readyz` (§6.2) and
+//! Prometheus `/metrics` (§6.3).
+//!
+//! Deviation: a pod that is not ambient gets 200 from `/cmdadd` (upstream: 500 "not
+//! eligible"), because our plugin posts every pod and leaves the decision to the agent
+//! (see [`crate::plugin`]).
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::metrics::CodeLabel;
+use super::{AgentError, Core};
+use crate::config::AgentConfig;
+use crate::plugin::{CmdAddRequest, PLUGIN_SOCKET};
+use crate::pods::PodSource;
+
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Plugin,
+    Health,
+    Metrics,
+}
+
+/// Bound sockets, not yet serving.
+#[derive(Debug)]
+pub(super) struct Servers {
+    plugin: UnixListener,
+    health: TcpListener,
+    metrics: TcpListener,
+    pub health_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+}
+
+fn bind_err(what: &'static str, addr: String) -> impl FnOnce(std::io::Error) -> AgentError {
+    move |source| AgentError::Bind { what, addr, source }
+}
+
+impl Servers {
+    pub async fn bind(cfg: &AgentConfig) -> Result<Self, AgentError> {
+        let sock: PathBuf = cfg.run_dir.join(PLUGIN_SOCKET);
+        let name = sock.display().to_string();
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(&cfg.run_dir)
+                .map_err(bind_err("plugin socket dir", name.clone()))?;
+        }
+        match std::fs::remove_file(&sock) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(bind_err("plugin socket", name)(e));
+            }
+            _ => {}
+        }
+        let plugin = UnixListener::bind(&sock).map_err(bind_err("plugin socket", name.clone()))?;
+        // The plugin runs as whatever user the runtime uses.
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
+            .map_err(bind_err("plugin socket", name))?;
+        let health = TcpListener::bind(cfg.health_addr)
+            .await
+            .map_err(bind_err("health server", cfg.health_addr.to_string()))?;
+        let metrics = TcpListener::bind(cfg.metrics_addr)
+            .await
+            .map_err(bind_err("metrics server", cfg.metrics_addr.to_string()))?;
+        Ok(Self {
+            health_addr: health
+                .local_addr()
+                .map_err(bind_err("health server", cfg.health_addr.to_string()))?,
+            metrics_addr: metrics
+                .local_addr()
+                .map_err(bind_err("metrics server", cfg.metrics_addr.to_string()))?,
+            plugin,
+            health,
+            metrics,
+        })
+    }
+
+    pub fn spawn<S: PodSource>(
+        self,
+        tasks: &mut JoinSet<()>,
+        core: Arc<Core<S>>,
+        stop: watch::Receiver<bool>,
+    ) {
+        let (c, s) = (core.clone(), stop.clone());
+        let plugin = self.plugin;
+        tasks.spawn(async move {
+            serve(
+                || async { plugin.accept().await.map(|(io, _)| io) },
+                c,
+                Route::Plugin,
+                s,
+            )
+            .await
+        });
+        for (listener, route) in [(self.health, Route::Health), (self.metrics, Route::Metrics)] {
+            let (c, s) = (core.clone(), stop.clone());
+            tasks.spawn(async move {
+                serve(
+                    || async { listener.accept().await.map(|(io, _)| io) },
+                    c,
+                    route,
+                    s,
+                )
+                .await
+            });
+        }
+    }
+}
+
+async fn serve<S, IO, F, Fut>(
+    accept: F,
+    core: Arc<Core<S>>,
+    route: Route,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: PodSource,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = std::io::Result<IO>>,
+{
+    let mut conns = JoinSet::new();
+    loop {
+        let io = tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            io = accept() => match io {
+                Ok(io) => io,
+                Err(e) => {
+                    tracing::warn!(?route, error = %e, "accept failed");
+                    continue;
+                }
+            },
+        };
+        let core = core.clone();
+        conns.spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let core = core.clone();
+                async move { Ok::<_, Infallible>(handle(&core, route, req).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(io), svc)
+                .await
+            {
+                tracing::debug!(?route, error = %e, "http connection error");
+            }
+        });
+    }
+    conns.shutdown().await;
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+async fn handle<S: PodSource>(
+    core: &Core<S>,
+    route: Route,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    match (route, req.method(), req.uri().path()) {
+        (Route::Health, &Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
+        (Route::Health, &Method::GET, "/readyz") => {
+            if core.ready.load(Ordering::SeqCst) {
+                text(StatusCode::OK, "ready")
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "not ready")
+            }
+        }
+        (Route::Metrics, &Method::GET, "/metrics") => {
+            let mut r = text(StatusCode::OK, core.metrics.encode());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            r
+        }
+        (Route::Plugin, &Method::POST, "/cmdadd") => {
+            let resp = cmd_add(core, req).await;
+            core.metrics
+                .plugin_requests
+                .get_or_create(&CodeLabel {
+                    response_code: resp.status().as_u16().to_string(),
+                })
+                .inc();
+            resp
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found"),
+    }
+}
+
+async fn cmd_add<S: PodSource>(core: &Core<S>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return text(StatusCode::BAD_REQUEST, format!("reading body: {e}")),
+    };
+    let ev: CmdAddRequest = match serde_json::from_slice(&body) {
+        Ok(ev) => ev,
+        Err(e) => return text(StatusCode::BAD_REQUEST, format!("decoding body: {e}")),
+    };
+    // The pod event may trail the CNI call slightly (§1.4 step 4: 10 × 10 ms).
+    let key = (ev.pod_namespace.clone(), ev.pod_name.clone());
+    let mut pod = None;
+    for _ in 0..10 {
+        pod = core.cache().pods.get(&key).cloned();
+        if pod.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let Some(pod) = pod else {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("pod {}/{} not found", key.0, key.1),
+        );
+    };
+    if !core.should_enrol(&pod) {
+        return text(StatusCode::OK, "");
+    }
+    let mut ips: Vec<IpAddr> = ev
+        .ips
+        .iter()
+        .filter_map(|ip| ip.address.ip.parse::<IpAddr>().ok())
+        .map(|ip| ip.to_canonical())
+        .collect();
+    if ips.is_empty() {
+        ips.clone_from(&pod.ips);
+    }
+    let netns = core.cfg.netns_path(&ev.netns);
+    match core.add_pod_to_mesh(&pod, &ips, Some(netns)).await {
+        Ok(()) => text(StatusCode::OK, ""),
+        Err(e) => {
+            tracing::warn!(pod = %pod.name, error = %e, "CNI add failed");
+            text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Adding pods to and removing them from the mesh, in upstream's order (`spec/cni.md`
+//! §1.4 step 5, §1.6, §1.7), plus the verification pass over enrolled pods.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ambit_netns::NetnsFd;
+use ambit_redirect::{IfaceName, InPod, PodRedirectConfig};
+
+use super::runner::FdRunner;
+use super::verify::{rules_present, ztunnel_listening};
+use super::{Core, Key};
+use crate::pods::{ENABLED, PENDING, Pod, PodSource};
+use crate::zds::{ZdsError, ZdsPod};
+
+/// Per-pod traffic override annotations (§2).
+const BYPASS_INBOUND: &str = "ambient.istio.io/bypass-inbound-capture";
+const DNS_CAPTURE: &str = "ambient.istio.io/dns-capture";
+const VIRTUAL_IFACES: &str = "istio.io/reroute-virtual-interfaces";
+
+/// An enrolled pod.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub pod: Pod,
+    pub netns: Arc<NetnsFd>,
+    pub ips: Vec<IpAddr>,
+    pub inpod: InPod,
+    /// ztunnel acked the last `Add`.
+    pub acked: bool,
+}
+
+/// Failure of a mesh operation; `retryable` ones are retried by the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    /// The pod's netns could not be found or opened (not retryable).
+    #[error("pod netns {path:?}: {reason}")]
+    Netns {
+        /// Path tried, if any.
+        path: Option<PathBuf>,
+        /// Why.
+        reason: String,
+    },
+    /// Writing or deleting in-pod rules failed.
+    #[error("in-pod rules: {0}")]
+    Rules(String),
+    /// ztunnel did not take the pod (retryable; rules stay: fail closed).
+    #[error("ztunnel: {0}")]
+    Zds(#[from] ZdsError),
+    /// Host probe set update failed (retryable).
+    #[error("probe set: {0}")]
+    ProbeSet(String),
+    /// Writing the annotation failed (retryable).
+    #[error("annotating: {0}")]
+    Annotate(String),
+}
+
+impl MeshError {
+    /// Whether the worker retries it.
+    pub fn retryable(&self) -> bool {
+        !matches!(self, Self::Netns { .. } | Self::Rules(_))
+    }
+}
+
+/// Go `strconv.ParseBool`; invalid values are ignored (with a warning) per §2.
+fn annotation_bool(pod: &Pod, key: &str) -> Option<bool> {
+    let v = pod.annotations.get(key)?;
+    match v.as_str() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => {
+            tracing::warn!(pod = %pod.name, annotation = key, value = %v, "ignoring invalid boolean");
+            None
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| e.to_string())?
+}
+
+impl<S: PodSource> Core<S> {
+    /// The pod's rule set from global config and its override annotations.
+    fn inpod_for(&self, pod: &Pod) -> InPod {
+        let cfg = PodRedirectConfig {
+            ipv6: self.cfg.ipv6,
+            dns_capture: annotation_bool(pod, DNS_CAPTURE).unwrap_or(self.cfg.dns_capture),
+            ingress_mode: annotation_bool(pod, BYPASS_INBOUND).unwrap_or(false),
+            virtual_interfaces: pod
+                .annotations
+                .get(VIRTUAL_IFACES)
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .filter_map(|s| s.parse::<IfaceName>().ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            probe_snat_v4: self.cfg.probe_snat_v4,
+            probe_snat_v6: self.cfg.probe_snat_v6,
+        };
+        InPod {
+            backend: self.backend(),
+            config: cfg,
+            reconcile: self.cfg.reconcile,
+        }
+    }
+
+    async fn annotate(&self, pod: &Pod, value: Option<&str>) -> Result<(), MeshError> {
+        self.source
+            .annotate(&pod.namespace, &pod.name, value)
+            .await
+            .map_err(|e| MeshError::Annotate(e.to_string()))
+    }
+
+    fn zds_pod(pod: &Pod, netns: &Arc<NetnsFd>) -> ZdsPod {
+        ZdsPod {
+            uid: pod.uid.clone(),
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            service_account: pod.service_account.clone(),
+            netns: Some(netns.clone()),
+        }
+    }
+
+    /// §1.4 step 5: netns → rules → ztunnel Add → probe set → annotation `enabled`.
+    /// `netns_path` comes from the CNI event; `None` (informer path) uses the known netns.
+    pub(crate) async fn add_pod_to_mesh(
+        &self,
+        pod: &Pod,
+        ips: &[IpAddr],
+        netns_path: Option<PathBuf>,
+    ) -> Result<(), MeshError> {
+        let mut enrolled = self.enrolled.lock().await;
+        // a. netns: keep the held fd when the path names the same namespace.
+        let existing = enrolled.get(&pod.uid).map(|s| s.netns.clone());
+        let path = netns_path.or_else(|| existing.is_none().then(|| pod.netns.clone()).flatten());
+        let netns = match (path, existing) {
+            (Some(path), existing) => {
+                let p = path.clone();
+                let opened = blocking(move || NetnsFd::open(&p).map_err(|e| e.to_string()))
+                    .await
+                    .map_err(|reason| MeshError::Netns {
+                        path: Some(path),
+                        reason,
+                    })?;
+                match existing {
+                    Some(old) if old.same_namespace(&opened) => old,
+                    _ => Arc::new(opened),
+                }
+            }
+            (None, Some(old)) => old,
+            (None, None) => {
+                return Err(MeshError::Netns {
+                    path: None,
+                    reason: "unknown (no CNI event yet and no netns hint)".into(),
+                });
+            }
+        };
+        // b. rules (idempotent; iptables reconciles a delta when enabled).
+        let inpod = self.inpod_for(pod);
+        let applied = {
+            let (inpod, runner) = (
+                inpod.clone(),
+                FdRunner {
+                    netns: netns.clone(),
+                },
+            );
+            blocking(move || inpod.apply(&runner).map_err(|e| e.to_string())).await
+        };
+        if let Err(e) = applied {
+            enrolled.remove(&pod.uid);
+            return Err(MeshError::Rules(e));
+        }
+        let ips: Vec<IpAddr> = ips.iter().map(|ip| ip.to_canonical()).collect();
+        enrolled.insert(
+            pod.uid.clone(),
+            Slot {
+                pod: pod.clone(),
+                netns: netns.clone(),
+                ips: ips.clone(),
+                inpod,
+                acked: false,
+            },
+        );
+        // c. ztunnel; failure leaves the rules in place (fail closed) and marks pending.
+        if let Err(e) = self.zds.add(Self::zds_pod(pod, &netns)).await {
+            if pod.redirection() != Some(PENDING)
+                && let Err(ae) = self.annotate(pod, Some(PENDING)).await
+            {
+                tracing::warn!(pod = %pod.name, error = %ae, "cannot mark pod pending");
+            }
+            return Err(e.into());
+        }
+        if let Some(s) = enrolled.get_mut(&pod.uid) {
+            s.acked = true;
+        }
+        // d. probe set.
+        for ip in ips {
+            let (probe, uid) = (self.probe_handle(), pod.uid.clone());
+            blocking(move || probe.upsert(ip, &uid).map_err(|e| e.to_string()))
+                .await
+                .map_err(MeshError::ProbeSet)?;
+        }
+        // e. annotation.
+        if pod.redirection() != Some(ENABLED) {
+            self.annotate(pod, Some(ENABLED)).await?;
+        }
+        Ok(())
+    }
+
+    fn probe_handle(&self) -> ambit_redirect::ProbeSet<super::HostRunner> {
+        // ProbeSet is a thin handle (runner + flags): a copy can move to a blocking thread.
+        ambit_redirect::ProbeSet::new(self.probe_runner(), self.backend(), self.cfg.ipv6)
+    }
+
+    /// §1.6 (`is_delete = false`) / §1.7 (`true`): probe set → rules → `Del` to every
+    /// ztunnel → annotation removed.
+    pub(crate) async fn remove_pod_from_mesh(
+        &self,
+        pod: &Pod,
+        is_delete: bool,
+    ) -> Result<(), MeshError> {
+        let mut enrolled = self.enrolled.lock().await;
+        let ips: Vec<IpAddr> = enrolled
+            .get(&pod.uid)
+            .map_or_else(|| pod.ips.clone(), |s| s.ips.clone());
+        for ip in ips {
+            let (probe, uid) = (self.probe_handle(), pod.uid.clone());
+            blocking(move || probe.remove(ip, &uid).map(drop).map_err(|e| e.to_string()))
+                .await
+                .map_err(MeshError::ProbeSet)?;
+        }
+        if !is_delete && let Some(slot) = enrolled.get(&pod.uid) {
+            let (inpod, runner) = (
+                slot.inpod.clone(),
+                FdRunner {
+                    netns: slot.netns.clone(),
+                },
+            );
+            blocking(move || inpod.delete(&runner).map_err(|e| e.to_string()))
+                .await
+                .map_err(MeshError::Rules)?;
+        }
+        enrolled.remove(&pod.uid);
+        self.zds.del(&pod.uid).await?;
+        match self.annotate(pod, None).await {
+            Err(e) if !is_delete => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// §1.5: bring a cached pod to the state its labels ask for.
+    pub(crate) async fn reconcile(&self, key: &Key) -> Result<(), MeshError> {
+        let Some(pod) = self.cache().pods.get(key).cloned() else {
+            return Ok(());
+        };
+        if pod.phase.is_terminal() {
+            return Ok(());
+        }
+        let should = self.should_enrol(&pod);
+        let ann = pod.redirection();
+        let change = (ann == Some(ENABLED)) != should || ann == Some(PENDING);
+        if !change {
+            return Ok(());
+        }
+        if should {
+            if pod.ips.is_empty() {
+                return Ok(());
+            }
+            match self.add_pod_to_mesh(&pod, &pod.ips, None).await {
+                // Not retryable: the CNI ADD will come with the netns (§1.5).
+                Err(e @ MeshError::Netns { .. }) => {
+                    tracing::info!(pod = %pod.name, error = %e, "cannot enrol yet");
+                    Ok(())
+                }
+                other => other,
+            }
+        } else {
+            self.remove_pod_from_mesh(&pod, false).await
+        }
+    }
+
+    /// One verification pass over every enrolled pod, with repairs (see [`super::verify`]).
+    pub(crate) async fn verify_all(&self) {
+        let mut enrolled = self.enrolled.lock().await;
+        let mut unprotected = 0i64;
+        for slot in enrolled.values_mut() {
+            let mut rules_ok = rules_present(&slot.inpod, &slot.netns).await;
+            if !rules_ok {
+                tracing::warn!(pod = %slot.pod.name, "in-pod rules missing, re-applying");
+                self.metrics.repairs.inc();
+                // Repairs always reconcile: partial leftovers must not block the rewrite.
+                let mut inpod = slot.inpod.clone();
+                inpod.reconcile = true;
+                let runner = FdRunner {
+                    netns: slot.netns.clone(),
+                };
+                if let Err(e) =
+                    blocking(move || inpod.apply(&runner).map_err(|e| e.to_string())).await
+                {
+                    tracing::warn!(pod = %slot.pod.name, error = %e, "re-applying rules failed");
+                }
+                rules_ok = rules_present(&slot.inpod, &slot.netns).await;
+            }
+            let mut listening = !slot.acked || listening(&slot.netns).await;
+            if !listening && self.zds.connected() > 0 {
+                tracing::warn!(pod = %slot.pod.name, "ztunnel not listening in pod, re-adding");
+                self.metrics.repairs.inc();
+                let readd = async {
+                    self.zds.del(&slot.pod.uid).await?;
+                    self.zds.add(Self::zds_pod(&slot.pod, &slot.netns)).await
+                };
+                match readd.await {
+                    Ok(()) => listening = self::listening(&slot.netns).await,
+                    Err(e) => tracing::warn!(pod = %slot.pod.name, error = %e, "re-add failed"),
+                }
+            }
+            // A pending pod (never acked) is failing closed, not bypassing; it is counted
+            // only when its rules are missing.
+            if !(rules_ok && listening) {
+                unprotected += 1;
+            }
+        }
+        self.metrics.unprotected.set(unprotected);
+    }
+}
+
+async fn listening(netns: &Arc<NetnsFd>) -> bool {
+    let netns = netns.clone();
+    tokio::task::spawn_blocking(move || ztunnel_listening(&netns))
+        .await
+        .unwrap_or(false)
+}

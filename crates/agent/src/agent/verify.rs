@@ -1,0 +1,85 @@
+//! Beyond upstream — no silent bypass: the verification pass checks every enrolled pod
+//! (its rules against the plan, and that ztunnel listens on 15001/15006/15008 in its
+//! netns), repairs what is missing (re-apply rules; `Del`+`Add` to ztunnel so it really
+//! restarts the pod's proxies — a plain re-`Add` of the same netns is a no-op in ztunnel)
+//! and exports how many pods stayed unprotected.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use ambit_netns::{NetnsFd, run_in_netns_thread};
+use ambit_redirect::InPod;
+
+use super::runner::FdRunner;
+
+/// Ports ztunnel must listen on inside an enrolled pod's netns.
+pub const REQUIRED_PORTS: [u16; 3] = [
+    ambit_redirect::consts::ZTUNNEL_OUTBOUND_PORT,
+    ambit_redirect::consts::ZTUNNEL_INBOUND_PORT,
+    ambit_redirect::consts::ZTUNNEL_INBOUND_HBONE_PORT,
+];
+
+/// TCP ports in LISTEN state in `netns`, read from `/proc/thread-self/net/tcp{,6}` on a
+/// thread inside it (`/proc/net` would show the main thread's namespace).
+pub fn listening_ports(netns: &NetnsFd) -> std::io::Result<HashSet<u16>> {
+    run_in_netns_thread(netns, || {
+        let mut ports = HashSet::new();
+        for file in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
+            let text = match std::fs::read_to_string(file) {
+                Ok(t) => t,
+                // tcp6 is absent when IPv6 is disabled.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            ports.extend(parse_listeners(&text));
+        }
+        Ok(ports)
+    })
+    .map_err(std::io::Error::other)?
+}
+
+/// Local ports of LISTEN (`0A`) sockets in a `/proc/net/tcp` table.
+pub fn parse_listeners(text: &str) -> impl Iterator<Item = u16> + '_ {
+    text.lines().skip(1).filter_map(|line| {
+        let mut cols = line.split_whitespace();
+        let local = cols.nth(1)?;
+        let state = cols.nth(1)?;
+        if state != "0A" {
+            return None;
+        }
+        let port = local.rsplit_once(':')?.1;
+        u16::from_str_radix(port, 16).ok()
+    })
+}
+
+/// Whether ztunnel's ports are all listening.
+pub fn ztunnel_listening(netns: &NetnsFd) -> bool {
+    listening_ports(netns).is_ok_and(|p| REQUIRED_PORTS.iter().all(|r| p.contains(r)))
+}
+
+/// Runs `InPod::verify`; `true` when nothing planned is missing.
+pub async fn rules_present(inpod: &InPod, netns: &Arc<NetnsFd>) -> bool {
+    let (inpod, runner) = (
+        inpod.clone(),
+        FdRunner {
+            netns: netns.clone(),
+        },
+    );
+    tokio::task::spawn_blocking(move || inpod.verify(&runner))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .is_some_and(|r| r.missing().next().is_none())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_net_tcp() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 00000000:3A99 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n   1: 0100007F:3A9E 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2\n   2: 0500000A:3AA0 0600000A:1F90 01 00000000:00000000 00:00000000 00000000     0        0 3\n";
+        let ports: Vec<u16> = parse_listeners(text).collect();
+        assert_eq!(ports, vec![15001, 15006]);
+    }
+}

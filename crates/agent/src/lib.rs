@@ -1,0 +1,57 @@
+//! ambit's node agent and CNI plugin: the drop-in for upstream istio-cni's ambient mode
+//! (`spec/cni.md`). It enrols pods (in-pod redirection rules, host probe set, ZDS `Add` to
+//! ztunnel, the `ambient.istio.io/redirection` annotation), serves ztunnel over ZDS, and
+//! contains the `istio-cni` CNI plugin as a pure function.
+//!
+//! # Layout
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`config`] | [`AgentConfig`] from upstream env names (§6.4), all errors at once |
+//! | [`pods`] | [`PodSource`] (pods of this node + namespaces + annotation sink), [`LocalPodSource`] |
+//! | [`enrol`] | the §2 predicate: selectors, excludes, hostNetwork/sidecar/ztunnel pods |
+//! | [`zds`] | the ZDS server (§4): SEQPACKET socket, snapshot, Add→newest / Del→all |
+//! | [`agent`] | event loop, worker with retries, add/remove (§1.4–§1.7), plugin-event, health and metrics servers, verification |
+//! | [`plugin`] | [`plugin_main`] (§5.1–§5.3) and the chained conflist installer (§5.5) |
+//! | [`testing`] | `FakeZtunnel`, a real ZDS peer for tests of this and other crates |
+//!
+//! Entry points for the CLI: [`plugin_main`], [`AgentConfig::from_vars`], [`run_agent`]
+//! (or [`start`] for a handle that shuts down on demand).
+//!
+//! # Deviations from upstream
+//!
+//! - **Ambient decision in the agent.** Upstream's plugin asks the API server whether a pod
+//!   is ambient and POSTs `/cmdadd` only for ambient pods; ours POSTs for every pod that is
+//!   not excluded (self-pod, empty name, `exclude_namespaces`) and the agent answers 200
+//!   without enrolling non-ambient pods (upstream answers 500 "not eligible"). There is no
+//!   API server in the embedded mesh; the agent knows every pod from its [`PodSource`].
+//!   Still fail closed: agent unreachable or non-200 fails the ADD.
+//! - **No silent bypass.** A verification pass (every `AMBIT_VERIFY_INTERVAL`, default
+//!   10 s, and after every ZDS snapshot) re-checks each enrolled pod's rules
+//!   (`InPod::verify`) and ztunnel's 15001/15006/15008 listeners in its netns, repairs
+//!   (re-apply with reconcile; `Del`+`Add` to ztunnel) and exports
+//!   `ambit_enrolled_unprotected_pods` / `ambit_pod_repairs_total`.
+//! - **ZDS liveness** is watched continuously instead of a 5 s idle probe (same
+//!   classification: EOF = closed, data = protocol error), see [`zds`].
+//! - **Netns hint.** [`pods::Pod::netns`] lets a local source name a pod's netns so the
+//!   informer path can enrol running pods without a `/proc` scan.
+//! - **Paths.** `/host` is not hard-coded: `AMBIT_HOST_PREFIX` (default none) and
+//!   `AMBIT_HOST_NETNS` choose where netns paths and the host netns are (see [`config`]).
+//! - **Not implemented yet:** restart discovery (§1.8 `/proc` scan with cgroup pod UIDs and
+//!   IP-ownership check, probe-set resync/prune, `Keep` for pods without netns — the ZDS
+//!   side already sends `Keep` for cached pods without netns), the installer (binary copy,
+//!   kubeconfig, conf-dir watch; only [`plugin::install_conflist`] exists), the Kubernetes
+//!   pod source, the plugin log socket, AWS branch-ENI rules, upgrade-vs-uninstall cleanup.
+
+pub mod agent;
+pub mod config;
+pub mod enrol;
+pub mod plugin;
+pub mod pods;
+pub mod testing;
+pub mod zds;
+
+pub use agent::{AgentError, AgentHandle, run_agent, start};
+pub use config::{AgentConfig, ConfigError};
+pub use plugin::plugin_main;
+pub use pods::{LocalPodSource, PodSource};

@@ -1,0 +1,230 @@
+//! End-to-end agent tests in network namespaces (root): a topology node plays the host
+//! (probe set + host rules go there), pods get real in-pod rules, the CNI plugin talks to
+//! the agent over its real socket, and a fake ztunnel (a real ZDS peer) binds listeners in
+//! each pod netns it receives.
+
+#![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ambit_agent::pods::{Namespace, Pod, PodPhase};
+use ambit_agent::testing::{FakeZtunnel, Seen};
+use ambit_agent::{AgentConfig, LocalPodSource, plugin_main};
+use ambit_netns::testing::netns_capable_or_skip;
+use ambit_topology::Topology;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const WAIT: Duration = Duration::from_secs(10);
+const MODE: &str = "istio.io/dataplane-mode";
+
+async fn poll(mut f: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + WAIT;
+    while tokio::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f()
+}
+
+fn pod(name: &str, ip: IpAddr, netns: Option<std::path::PathBuf>) -> Pod {
+    Pod {
+        name: name.into(),
+        namespace: "demo".into(),
+        uid: format!("uid-{name}"),
+        service_account: "default".into(),
+        ips: vec![ip],
+        phase: PodPhase::Running,
+        netns,
+        ..Pod::default()
+    }
+}
+
+fn cni_add(
+    run_dir: &std::path::Path,
+    netns: &std::path::Path,
+    name: &str,
+    ip: IpAddr,
+) -> (i32, String) {
+    let env: Vec<(String, String)> = [
+        ("CNI_COMMAND", "ADD".to_string()),
+        ("CNI_CONTAINERID", format!("c-{name}")),
+        ("CNI_NETNS", netns.display().to_string()),
+        ("CNI_IFNAME", "eth0".into()),
+        (
+            "CNI_ARGS",
+            format!("K8S_POD_NAMESPACE=demo;K8S_POD_NAME={name}"),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "istio-cni", "type": "istio-cni",
+        "cni_agent_run_dir": run_dir, "ambient_enabled": true,
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": format!("{ip}/32")}]},
+    });
+    let (code, out) = plugin_main(&env, &serde_json::to_vec(&conf).unwrap());
+    (code, String::from_utf8_lossy(&out).into_owned())
+}
+
+fn save_nat(topo: &Topology, ns: &str) -> String {
+    let out = topo.exec(ns, &["iptables-save", "-t", "nat"]).unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn probe_set(topo: &Topology, node: &str) -> String {
+    let out = topo
+        .exec(node, &["ipset", "list", "istio-inpod-probes-v4"])
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enrol_verify_repair_unenrol() {
+    if !netns_capable_or_skip("enrol_verify_repair_unenrol") {
+        return;
+    }
+    let topo = Topology::builder()
+        .node("n")
+        .pod("n", "p1")
+        .pod("n", "p2")
+        .pod("n", "p3")
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let zds_sock = dir.path().join("zt").join("ztunnel.sock");
+    let host = topo.node("n").netns().path();
+    let vars: Vec<(String, String)> = [
+        ("ZTUNNEL_UDS_ADDRESS", zds_sock.display().to_string()),
+        ("CNI_AGENT_RUN_DIR", run_dir.display().to_string()),
+        ("AMBIT_HOST_NETNS", host.display().to_string()),
+        ("AMBIT_HEALTH_ADDR", "127.0.0.1:0".into()),
+        ("AMBIT_METRICS_ADDR", "127.0.0.1:0".into()),
+        ("AMBIT_VERIFY_INTERVAL", "300ms".into()),
+        ("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", "true".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let cfg = AgentConfig::from_vars(&vars).unwrap();
+
+    let source = LocalPodSource::new();
+    source.upsert_namespace(Namespace {
+        name: "demo".into(),
+        labels: BTreeMap::from([(MODE.to_string(), "ambient".to_string())]),
+    });
+    let ip = |p: &str| IpAddr::V4(topo.pod(p).ip());
+    let path = |p: &str| topo.pod(p).netns_path();
+    let agent = ambit_agent::start(cfg, source.clone()).await.unwrap();
+    assert!(
+        http_get(agent.health_addr, "/readyz")
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+
+    // No ztunnel yet: the ADD fails closed (rules in place, annotation pending).
+    source.upsert_pod(pod("p2", ip("p2"), None));
+    let (code, out) = cni_add(&run_dir, &path("p2"), "p2", ip("p2"));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no ztunnel"), "{out}");
+    assert_eq!(source.redirection("demo", "p2").as_deref(), Some("pending"));
+    assert!(save_nat(&topo, "p2").contains("ISTIO_OUTPUT"));
+
+    let zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
+    // The pending pod is retried and enabled once ztunnel is there.
+    assert!(poll(|| source.redirection("demo", "p2").as_deref() == Some("enabled")).await);
+
+    // CNI ADD of an ambient pod.
+    source.upsert_pod(pod("p1", ip("p1"), None));
+    let (code, out) = cni_add(&run_dir, &path("p1"), "p1", ip("p1"));
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(source.redirection("demo", "p1").as_deref(), Some("enabled"));
+    assert!(
+        zt.seen()
+            .iter()
+            .any(|s| matches!(s, Seen::Add { uid, fds: 1, .. } if uid == "uid-p1"))
+    );
+    assert!(probe_set(&topo, "n").contains(&ip("p1").to_string()));
+    let nat = save_nat(&topo, "p1");
+    assert!(nat.contains("--to-ports 15001"), "{nat}");
+
+    // Not ambient: 200 and nothing done.
+    let mut other = pod("p3", ip("p3"), None);
+    other.labels.insert(MODE.into(), "none".into());
+    source.upsert_pod(other);
+    let (code, out) = cni_add(&run_dir, &path("p3"), "p3", ip("p3"));
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(source.redirection("demo", "p3"), None);
+    assert!(!save_nat(&topo, "p3").contains("ISTIO"));
+
+    // No silent bypass: flush p1's nat rules; one verification pass restores them.
+    let flushed = topo.exec("p1", &["iptables", "-t", "nat", "-F"]).unwrap();
+    assert!(flushed.status.success());
+    assert!(
+        poll(|| agent.metrics.repairs.get() >= 1
+            && save_nat(&topo, "p1").contains("--to-ports 15001"))
+        .await
+    );
+    assert!(poll(|| agent.metrics.unprotected.get() == 0).await);
+    assert_eq!(agent.metrics.repairs.get(), 1);
+
+    // ztunnel loses p2's listeners: verification re-adds it (Del + Add).
+    zt.drop_listeners("uid-p2");
+    assert!(poll(|| agent.metrics.repairs.get() == 2).await);
+    assert!(poll(|| agent.metrics.unprotected.get() == 0).await);
+
+    let metrics = http_get(agent.metrics_addr, "/metrics").await;
+    for name in [
+        "ztunnel_connected",
+        "ambit_enrolled_unprotected_pods",
+        "ambit_pod_repairs_total",
+        "istio_cni_plugin_requests_total",
+        "nodeagent_reconcile_events_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing:\n{metrics}");
+    }
+    assert_eq!(metric(&metrics, "ztunnel_connected"), Some(1.0));
+
+    // Un-enrol by label: rules gone, Del to ztunnel, annotation removed, probe entry gone.
+    let mut p1 = source.pod("demo", "p1").unwrap();
+    p1.labels.insert(MODE.into(), "none".into());
+    source.upsert_pod(p1);
+    assert!(poll(|| source.redirection("demo", "p1").is_none()).await);
+    assert!(!save_nat(&topo, "p1").contains("ISTIO"));
+    assert!(zt.seen().contains(&Seen::Del {
+        uid: "uid-p1".into()
+    }));
+    assert!(!probe_set(&topo, "n").contains(&ip("p1").to_string()));
+
+    // Pod deletion: Del to ztunnel.
+    source.delete_pod("demo", "p2");
+    assert!(
+        poll(|| zt.seen().contains(&Seen::Del {
+            uid: "uid-p2".into()
+        }))
+        .await
+    );
+
+    agent.shutdown().await;
+}
