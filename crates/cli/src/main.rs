@@ -1,12 +1,16 @@
 //! The `ambit` binary: argument and environment parsing only, then calls the libraries.
 //!
 //! Each role reads its environment here, in one place, reports every bad variable at once and
-//! hands a typed configuration to its library.
+//! hands a typed configuration to its library. Invoked as `istio-cni` (the name container
+//! runtimes call CNI plugins by) it is the CNI plugin.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod agent;
+mod control;
+mod plugin;
 mod ztunnel;
 
 #[derive(Debug, Parser)]
@@ -21,17 +25,36 @@ enum Command {
     /// Run the node L4 proxy (drop-in for upstream ztunnel; configured by the same environment
     /// variables).
     #[command(
-        after_help = "Examples:\n  PROXY_MODE=dedicated PROXY_WORKLOAD_INFO=default/web/web \\\n    CA_ADDRESS=https://10.0.0.1:15012 LOCAL_XDS_PATH=./local.yaml ambit ztunnel"
+        after_help = "Example (dedicated mode on a VM):\n  PROXY_MODE=dedicated PROXY_WORKLOAD_INFO=default/web/web \\\n    CA_ADDRESS=https://10.0.0.1:15012 LOCAL_XDS_PATH=./local.yaml ambit ztunnel"
     )]
     Ztunnel,
+    /// Run the control plane: CA and workload xDS from a directory of Kubernetes manifests.
+    Control(control::Args),
+    /// Run the CNI node agent (drop-in for the istio-cni ambient agent; same environment
+    /// variables).
+    CniAgent(agent::Args),
+    /// The CNI plugin (reads CNI_* variables and the network config on stdin).
+    CniPlugin,
     /// Print the version.
     Version,
 }
 
 fn main() -> ExitCode {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let invoked_as = std::path::Path::new(&argv0)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string();
+    if invoked_as == "istio-cni" {
+        return plugin::main();
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Ztunnel => ztunnel::main(),
+        Command::Control(args) => control::main(args),
+        Command::CniAgent(args) => agent::main(args),
+        Command::CniPlugin => plugin::main(),
         Command::Version => {
             #[allow(clippy::print_stdout)]
             {
@@ -40,4 +63,14 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// Logging for the roles that have no configurable format of their own.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

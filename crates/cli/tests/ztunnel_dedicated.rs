@@ -131,8 +131,16 @@ fn hbone_across_nodes_is_encrypted_and_carries_identity() {
     exchange(&mut open, "live-bytes").unwrap();
     eventually("live byte counters", SECS, || {
         let text = m.metrics("server");
-        let open_conns = counter(&text, "istio_tcp_sockets_open", &["reporter=\"destination\""]);
-        let received = counter(&text, "istio_tcp_received_bytes_total", &["reporter=\"destination\""]);
+        let open_conns = counter(
+            &text,
+            "istio_tcp_sockets_open",
+            &["reporter=\"destination\""],
+        );
+        let received = counter(
+            &text,
+            "istio_tcp_received_bytes_total",
+            &["reporter=\"destination\""],
+        );
         (open_conns >= 1.0 && received > 0.0).then_some(())
     });
     drop(open);
@@ -607,7 +615,10 @@ fn certificate_rotation_keeps_connections() {
         (issued("client") >= 3 && issued("server") >= 3).then_some(())
     });
     let echoed = exchange_line(&mut open, "after-rotation");
-    assert!(echoed.contains("after-rotation"), "connection broke across rotation: {echoed:?}");
+    assert!(
+        echoed.contains("after-rotation"),
+        "connection broke across rotation: {echoed:?}"
+    );
     // New connections use the new certificates (the old ones have expired by now).
     eventually("new connection after rotation", SECS, || {
         try_exchange(&m, "client", server, "new").ok()

@@ -3,4 +3,8 @@
 
 pub mod ca;
 pub mod grpc;
+pub mod objects;
+pub mod server;
+pub mod source;
+pub mod translate;
 pub mod xds;

@@ -240,7 +240,14 @@ async fn async_main(
 
     let ca_address = cfg.ca_address.clone().ok_or(AppError::NoCa)?;
     let root = crate::grpc::load_root(&cfg.ca_root_cert)?;
-    let channel = crate::grpc::channel(&ca_address, &root, cfg.alt_ca_hostname.as_deref())?;
+    // Control-plane connections carry the packet mark so in-pod capture rules (dedicated mode
+    // inside a captured namespace) never redirect ztunnel's own traffic.
+    let channel = crate::grpc::channel_with_mark(
+        &ca_address,
+        &root,
+        cfg.alt_ca_hostname.as_deref(),
+        cfg.packet_mark,
+    )?;
     let ca = CaClient::new(
         channel,
         cfg.auth_token.clone(),
@@ -288,7 +295,12 @@ async fn async_main(
     // the first ACKed response of each xDS type.
     if let Some(address) = &cfg.xds_address {
         let root = crate::grpc::load_root(&cfg.xds_root_cert)?;
-        let channel = crate::grpc::channel(address, &root, cfg.alt_xds_hostname.as_deref())?;
+        let channel = crate::grpc::channel_with_mark(
+            address,
+            &root,
+            cfg.alt_xds_hostname.as_deref(),
+            cfg.packet_mark,
+        )?;
         let client = crate::xds::XdsClient::new(
             channel,
             crate::xds::XdsClientConfig::from_config(&cfg),

@@ -41,6 +41,9 @@ pub enum GrpcError {
 #[derive(Clone)]
 struct TlsConnect {
     tls: TlsConnector,
+    /// `SO_MARK` for the control-plane connection, so the in-pod rules of a dedicated-mode
+    /// workload do not capture ztunnel's own xDS/CA traffic.
+    mark: Option<u32>,
 }
 
 impl tower_service::Service<Uri> for TlsConnect {
@@ -54,6 +57,7 @@ impl tower_service::Service<Uri> for TlsConnect {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let tls = self.tls.clone();
+        let mark = self.mark;
         Box::pin(async move {
             let host = uri
                 .host()
@@ -61,8 +65,20 @@ impl tower_service::Service<Uri> for TlsConnect {
                 .trim_matches(['[', ']'])
                 .to_string();
             let port = uri.port_u16().unwrap_or(443);
-            let tcp = TcpStream::connect((host.as_str(), port)).await?;
-            tcp.set_nodelay(true)?;
+            let addr = tokio::net::lookup_host((host.as_str(), port))
+                .await?
+                .next()
+                .ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host}: no address"))
+                })?;
+            let factory = crate::app::MarkedSocketFactory { mark };
+            let opts = ambit_netns::SocketOptions {
+                nodelay: true,
+                ..Default::default()
+            };
+            let tcp = ambit_netns::connect_tcp(&factory, addr, None, &opts)
+                .await
+                .map_err(std::io::Error::other)?;
             let name = ServerName::try_from(host.clone()).map_err(|_| {
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("bad host {host}"))
             })?;
@@ -92,9 +108,20 @@ pub fn channel(
     root_pem: &str,
     alt_hostname: Option<&str>,
 ) -> Result<Channel, GrpcError> {
+    channel_with_mark(address, root_pem, alt_hostname, None)
+}
+
+/// Like [`channel`], with `SO_MARK = mark` on the TCP connection.
+pub fn channel_with_mark(
+    address: &str,
+    root_pem: &str,
+    alt_hostname: Option<&str>,
+    mark: Option<u32>,
+) -> Result<Channel, GrpcError> {
     let config: ClientConfig = ambit_tls::client_config_for_root(root_pem, alt_hostname)?;
     let connector = TlsConnect {
         tls: TlsConnector::from(Arc::new(config)),
+        mark,
     };
     // tonic refuses https URIs without its TLS feature; our connector does TLS, so give tonic
     // an http URI with the same authority.

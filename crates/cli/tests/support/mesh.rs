@@ -192,7 +192,10 @@ impl Mesh {
             rt,
             ztunnels: HashMap::new(),
             dns,
-            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         if dns {
             let node = mesh.topo.nodes().last().expect("a node");

@@ -1,0 +1,214 @@
+//! `ambit control`: the CA and the xDS server on one TLS port, fed by a watched directory of
+//! Kubernetes manifests.
+//!
+//! Callers authenticate with bearer tokens from a token file (`tokens.yaml`): a node proxy's
+//! token lets it ask for the certificates of pods on its node (`ImpersonatedIdentity`); a
+//! workload's token only for its own identity. Both may read xDS.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use ambit_model::SpiffeId;
+use ambit_proto::ca::istio_certificate_service_server::IstioCertificateServiceServer;
+use ambit_tls::LocalCa;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+
+use crate::ca::{CaService, Caller, StaticAuthorizer};
+use crate::source::DirectorySource;
+use crate::translate::{ClusterConfig, Translation};
+use crate::xds::{Snapshot, XdsServer};
+
+/// Everything `ambit control` needs.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    pub manifests: PathBuf,
+    pub listen: SocketAddr,
+    /// Holds the CA root (`ca-cert.pem`, `ca-key.pem`, `root-cert.pem`), created on first start.
+    pub state_dir: PathBuf,
+    /// Token file; see [`TokenFile`].
+    pub tokens: PathBuf,
+    /// Names in the server certificate (the listen IP is always added).
+    pub hostnames: Vec<String>,
+    pub cluster: ClusterConfig,
+}
+
+/// `tokens.yaml`: `{tokens: [{token: "...", node: "node1"} | {token: "...", identity: "spiffe://..."}]}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenFile {
+    pub tokens: Vec<TokenEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    pub token: String,
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub identity: Option<String>,
+}
+
+/// Why the control plane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("CA: {0}")]
+    Ca(#[from] ambit_tls::CaError),
+    #[error("TLS: {0}")]
+    Tls(#[from] ambit_tls::ConfigError),
+    #[error("token file {path}: {message}")]
+    Tokens { path: PathBuf, message: String },
+    #[error("manifests: {0}")]
+    Source(#[from] crate::source::SourceError),
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gRPC server: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Reads and checks the token file.
+pub fn load_tokens(path: &Path) -> Result<HashMap<String, Caller>, ControlError> {
+    let err = |message: String| ControlError::Tokens {
+        path: path.to_path_buf(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let file: TokenFile = serde_norway::from_str(&text).map_err(|e| err(e.to_string()))?;
+    let mut out = HashMap::new();
+    for (i, t) in file.tokens.into_iter().enumerate() {
+        if t.token.len() < 16 {
+            return Err(err(format!(
+                "tokens[{i}]: token shorter than 16 characters"
+            )));
+        }
+        let caller = match (t.node, t.identity) {
+            (Some(node), None) => Caller::NodeProxy { node },
+            (None, Some(id)) => Caller::Workload(
+                SpiffeId::parse(&id).map_err(|e| err(format!("tokens[{i}].identity: {e}")))?,
+            ),
+            _ => return Err(err(format!("tokens[{i}]: exactly one of node or identity"))),
+        };
+        if out.insert(t.token, caller).is_some() {
+            return Err(err(format!("tokens[{i}]: duplicate token")));
+        }
+    }
+    Ok(out)
+}
+
+/// Which identities live on which node, from the latest translation (for the CA's node
+/// restriction).
+#[derive(Debug, Default)]
+struct Placement {
+    by_node: HashMap<String, Vec<SpiffeId>>,
+}
+
+impl Placement {
+    fn from(t: &Translation) -> Self {
+        let mut by_node: HashMap<String, Vec<SpiffeId>> = HashMap::new();
+        for w in &t.workloads {
+            by_node
+                .entry(w.node.clone())
+                .or_default()
+                .push(w.identity().clone());
+        }
+        Self { by_node }
+    }
+}
+
+/// Runs until `shutdown` completes. Returns the bound address through `bound` (tests bind
+/// port 0).
+pub async fn run(
+    cfg: ControlConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+    bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+) -> Result<(), ControlError> {
+    let ca = Arc::new(LocalCa::load_or_generate(
+        &cfg.state_dir,
+        &cfg.cluster.trust_domain,
+    )?);
+    let mut names: Vec<String> = cfg.hostnames.clone();
+    names.push(cfg.listen.ip().to_string());
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let server_cert = ca.server_cert_for_hostnames(&name_refs)?;
+    let tls = Arc::new(ambit_tls::server_config_plain(&server_cert)?);
+
+    let tokens = load_tokens(&cfg.tokens)?;
+    let placement = Arc::new(RwLock::new(Placement::default()));
+    let lookup = placement.clone();
+    let authorizer = Arc::new(StaticAuthorizer::new(tokens, move |node, id| {
+        lookup
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_node
+            .get(node)
+            .is_some_and(|ids| ids.contains(id))
+    }));
+
+    let xds = Arc::new(XdsServer::new(authorizer.clone()));
+    let watch = DirectorySource::new(&cfg.manifests, cfg.cluster.clone())
+        .watch()
+        .await?;
+    let mut clusters = watch.subscribe();
+    let publish = {
+        let xds = xds.clone();
+        let placement = placement.clone();
+        move |cluster: &crate::translate::Cluster| {
+            let t = cluster.translate();
+            for w in &t.warnings {
+                tracing::warn!(warning = %w, "translation");
+            }
+            *placement.write().unwrap_or_else(|p| p.into_inner()) = Placement::from(&t);
+            xds.update(Snapshot::from_model(&t.workloads, &t.services, &t.policies));
+            tracing::info!(
+                workloads = t.workloads.len(),
+                services = t.services.len(),
+                policies = t.policies.len(),
+                "configuration pushed"
+            );
+        }
+    };
+    publish(&clusters.borrow_and_update());
+    let updater = tokio::spawn(async move {
+        while clusters.changed().await.is_ok() {
+            let cluster = clusters.borrow_and_update().clone();
+            publish(&cluster);
+        }
+    });
+
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| ControlError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| ControlError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
+    tracing::info!(address = %local, root = %cfg.state_dir.join("root-cert.pem").display(), "control plane serving");
+    if let Some(tx) = bound {
+        let _ = tx.send(local);
+    }
+    let mut routes = tonic::service::Routes::new(IstioCertificateServiceServer::new(
+        CaService::new(ca, authorizer),
+    ));
+    routes = routes.add_service(xds.service());
+    let xds_stop = xds.clone();
+    let result = crate::grpc::serve_tls(listener, tls, routes, async move {
+        shutdown.await;
+        xds_stop.shutdown();
+    })
+    .await;
+    updater.abort();
+    drop(watch);
+    Ok(result?)
+}
