@@ -184,6 +184,7 @@ impl ControlMesh {
         let mut cmd: Command = self.topo.command(ns, env!("CARGO_BIN_EXE_ambit")).unwrap();
         cmd.args(args)
             .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())

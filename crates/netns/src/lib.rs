@@ -20,6 +20,8 @@
 //!   namespace for the `socket(2)` call; bind, listen and connect can happen anywhere,
 //!   including on a tokio worker thread.
 //! - [`set_command_netns`] makes a [`std::process::Command`] start inside a namespace.
+//! - [`SeqPacket`] / [`SeqPacketListener`]: `AF_UNIX` `SOCK_SEQPACKET` sockets that carry
+//!   one namespace descriptor per datagram (`SCM_RIGHTS`), for ZDS.
 //!
 //! Linux-only system calls live behind the single `imp` module switch; on other platforms
 //! every operation returns [`NetnsError::Unsupported`].
@@ -34,12 +36,14 @@ mod imp;
 mod command;
 mod enter;
 mod fd;
+mod seqpacket;
 mod socket;
 pub mod testing;
 
 pub use command::set_command_netns;
 pub use enter::{in_netns, run_in_netns_thread, spawn_in_netns_thread};
 pub use fd::{NetnsFd, NetnsId};
+pub use seqpacket::{MAX_DATAGRAM, SeqPacket, SeqPacketError, SeqPacketListener};
 pub use socket::{
     DefaultSocketFactory, Keepalive, NetnsSocketFactory, SocketError, SocketFactory, SocketOptions,
     Transparent, connect_tcp, is_transparent, original_dst,

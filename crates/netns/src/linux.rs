@@ -179,6 +179,114 @@ pub(crate) fn original_dst(sock: &socket2::SockRef<'_>) -> io::Result<std::net::
 
 /// Whether IP_TRANSPARENT (or its IPv6 twin) is set on the socket.
 pub(crate) fn is_transparent(sock: &socket2::SockRef<'_>, ipv6: bool) -> io::Result<bool> {
-    if ipv6 { sock.ip_transparent_v6() } else { sock.ip_transparent_v4() }
+    if ipv6 {
+        sock.ip_transparent_v6()
+    } else {
+        sock.ip_transparent_v4()
+    }
 }
 
+// ---- AF_UNIX SOCK_SEQPACKET (seqpacket.rs) ---------------------------------------------
+
+/// A non-blocking, close-on-exec `AF_UNIX` `SOCK_SEQPACKET` socket.
+pub(crate) fn seqpacket_socket() -> io::Result<OwnedFd> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+    socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Connects `fd` to `path`. A Unix-socket connect completes (or fails) at once, even on a
+/// non-blocking socket: a full listen backlog is `EAGAIN`, never `EINPROGRESS`.
+pub(crate) fn seqpacket_connect(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    use nix::sys::socket::{UnixAddr, connect};
+    let addr = UnixAddr::new(path)?;
+    connect(fd.as_raw_fd(), &addr)?;
+    Ok(())
+}
+
+/// Binds `fd` to `path` and listens.
+pub(crate) fn seqpacket_listen(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    use nix::sys::socket::{Backlog, UnixAddr, bind, listen};
+    let addr = UnixAddr::new(path)?;
+    bind(fd.as_raw_fd(), &addr)?;
+    listen(&fd, Backlog::new(16).map_err(io::Error::from)?)?;
+    Ok(())
+}
+
+/// Accepts one connection (non-blocking, close-on-exec).
+pub(crate) fn seqpacket_accept(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    use nix::sys::socket::{SockFlag, accept4};
+    use std::os::fd::FromRawFd;
+    let raw = accept4(
+        fd.as_raw_fd(),
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+    )?;
+    // SAFETY: accept4 just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Sends one datagram with `fds` as `SCM_RIGHTS` (none when empty). Returns bytes sent.
+pub(crate) fn seqpacket_send(
+    fd: BorrowedFd<'_>,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<usize> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let iov = [io::IoSlice::new(data)];
+    let cmsg: Vec<ControlMessage<'_>> = if raw.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(&raw)]
+    };
+    sendmsg::<UnixAddr>(fd.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+        .map_err(io::Error::from)
+}
+
+/// One `recvmsg` result; the caller decides what truncation and extra descriptors mean.
+#[derive(Debug)]
+pub(crate) struct SeqpacketRecv {
+    pub(crate) len: usize,
+    /// Every descriptor the kernel installed (closed on drop).
+    pub(crate) fds: Vec<OwnedFd>,
+    pub(crate) truncated: bool,
+    pub(crate) control_truncated: bool,
+}
+
+/// Receives one datagram into `buf`, with room for a few descriptors so that a peer
+/// sending more than one is detected (and all of them closed) rather than silently cut.
+pub(crate) fn seqpacket_recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<SeqpacketRecv> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr, recvmsg};
+    use std::os::fd::{FromRawFd, RawFd};
+    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<UnixAddr>(
+        fd.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::ScmRights(received) = c {
+                for raw in received {
+                    // SAFETY: the kernel installed these descriptors in our table for this
+                    // message; we are their only owner.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+                }
+            }
+        }
+    }
+    Ok(SeqpacketRecv {
+        len: msg.bytes,
+        fds,
+        truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+        control_truncated: msg.flags.contains(MsgFlags::MSG_CTRUNC),
+    })
+}

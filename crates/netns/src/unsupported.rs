@@ -68,3 +68,46 @@ pub(crate) fn is_transparent(_sock: &socket2::SockRef<'_>, _ipv6: bool) -> std::
     Ok(false)
 }
 
+fn seqpacket_unsupported<T>() -> std::io::Result<T> {
+    Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+}
+
+pub(crate) fn seqpacket_socket() -> std::io::Result<OwnedFd> {
+    seqpacket_unsupported()
+}
+
+pub(crate) fn seqpacket_connect(_fd: BorrowedFd<'_>, _path: &Path) -> std::io::Result<()> {
+    seqpacket_unsupported()
+}
+
+pub(crate) fn seqpacket_listen(_fd: BorrowedFd<'_>, _path: &Path) -> std::io::Result<()> {
+    seqpacket_unsupported()
+}
+
+pub(crate) fn seqpacket_accept(_fd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+    seqpacket_unsupported()
+}
+
+pub(crate) fn seqpacket_send(
+    _fd: BorrowedFd<'_>,
+    _data: &[u8],
+    _fds: &[BorrowedFd<'_>],
+) -> std::io::Result<usize> {
+    seqpacket_unsupported()
+}
+
+/// See the Linux twin.
+#[derive(Debug)]
+pub(crate) struct SeqpacketRecv {
+    pub(crate) len: usize,
+    pub(crate) fds: Vec<OwnedFd>,
+    pub(crate) truncated: bool,
+    pub(crate) control_truncated: bool,
+}
+
+pub(crate) fn seqpacket_recv(
+    _fd: BorrowedFd<'_>,
+    _buf: &mut [u8],
+) -> std::io::Result<SeqpacketRecv> {
+    seqpacket_unsupported()
+}

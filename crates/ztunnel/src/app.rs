@@ -21,6 +21,7 @@ use crate::config::{Config, LocalXds, ProxyMode};
 use crate::dns::{DnsContext, DnsServer, Forwarder};
 use crate::drain::{self, DrainMode};
 use crate::identity::{CaClient, CertManager, CertState};
+use crate::inpod::{ExtrasError, InpodManager, PodContext, PodExtras};
 use crate::proxy::{ConnectionTracker, Listeners, LocalWorkload, Proxy, ProxyInputs, WorkloadPool};
 use crate::readiness::{ReadinessServer, Ready};
 use crate::state::ProxyState;
@@ -71,6 +72,57 @@ impl SocketFactory for MarkedSocketFactory {
     }
     fn default_mark(&self) -> Option<u32> {
         self.mark
+    }
+}
+
+/// What serves traffic: one proxy (dedicated) or the in-pod manager (shared).
+enum Running {
+    Dedicated(Proxy),
+    Shared { trigger: drain::DrainTrigger, task: tokio::task::JoinHandle<()> },
+}
+
+/// Starts a DNS proxy inside every pod the in-pod manager starts (shared mode).
+struct DnsPodExtras {
+    cfg: Arc<Config>,
+    state: Arc<ProxyState>,
+    forwarder: Forwarder,
+    metrics: Arc<Metrics>,
+}
+
+impl PodExtras for DnsPodExtras {
+    fn start(
+        &self,
+        pod: &PodContext<'_>,
+        tasks: &mut tokio::task::JoinSet<()>,
+        drain: drain::DrainWatcher,
+    ) -> Result<(), ExtrasError> {
+        let listeners = DnsServer::bind(
+            pod.socket_factory.as_ref(),
+            &crate::dns::listen_addrs(self.cfg.ipv6_enabled),
+        )?;
+        let (state, local, node) =
+            (self.state.clone(), pod.workload.clone(), self.cfg.node_name.clone());
+        let ctx = DnsContext {
+            state: self.state.clone(),
+            client: Arc::new(move || {
+                state.find_local_workload(
+                    &local.name,
+                    &local.namespace,
+                    &local.service_account,
+                    node.as_deref(),
+                )
+            }),
+            cluster_domain: self.cfg.cluster_domain.clone(),
+            prefered_service_namespace: self.cfg.prefered_service_namespace.clone(),
+            ipv6_enabled: self.cfg.ipv6_enabled,
+            forwarder: self.forwarder.clone(),
+            socket_factory: pod.socket_factory.clone(),
+            metrics: Arc::new((*self.metrics).clone()),
+        };
+        tasks.spawn(DnsServer::serve(listeners, ctx, async move {
+            drain.signaled().await;
+        }));
+        Ok(())
     }
 }
 
@@ -151,6 +203,8 @@ struct Dump {
     state: Arc<ProxyState>,
     certs: Arc<CertManager>,
     static_config: Value,
+    /// Set once shared mode started (its pods feed `workloadState`).
+    inpod: Arc<std::sync::OnceLock<Arc<InpodManager>>>,
 }
 
 impl Dump {
@@ -212,7 +266,9 @@ impl Dump {
                     })
                     .collect(),
             ),
-            DumpSection::WorkloadState => json!({}),
+            DumpSection::WorkloadState => {
+                self.inpod.get().map_or_else(|| json!({}), |m| m.workload_state())
+            }
         }
     }
 }
@@ -264,11 +320,13 @@ async fn async_main(
     metrics.register_tokio_runtime("dataplane", data.clone());
 
     let (quit_tx, mut quit_rx) = mpsc::channel::<()>(1);
+    let inpod_slot: Arc<std::sync::OnceLock<Arc<InpodManager>>> = Arc::default();
     let dump = Arc::new(Dump {
         cfg: cfg.clone(),
         state: state.clone(),
         certs: certs.clone(),
         static_config,
+        inpod: inpod_slot.clone(),
     });
     let admin_state = AdminState::new(
         move |section: DumpSection| dump.section(section),
@@ -317,7 +375,7 @@ async fn async_main(
     let policy_watch = data.spawn(tracker.clone().watch_policies(state.clone()));
 
     let mut dns_task_handle = None;
-    let proxy = match cfg.proxy_mode {
+    let running = match cfg.proxy_mode {
         ProxyMode::Dedicated => {
             let info = cfg
                 .proxy_workload_info
@@ -398,12 +456,31 @@ async fn async_main(
                 Proxy::serve(listeners, inputs)
             };
             drop(proxy_task);
-            proxy
+            Running::Dedicated(proxy)
         }
         ProxyMode::Shared => {
-            return Err(AppError::Shared(
-                "not available in this build yet; use PROXY_MODE=dedicated".into(),
-            ));
+            let mut mgr = InpodManager::new(
+                cfg.clone(),
+                state.clone(),
+                certs.clone(),
+                metrics.clone(),
+                tracker.clone(),
+                ready.clone(),
+                data.clone(),
+            );
+            if cfg.dns_proxy {
+                mgr = mgr.with_extras(Arc::new(DnsPodExtras {
+                    cfg: cfg.clone(),
+                    state: state.clone(),
+                    forwarder: Forwarder::from_resolv_conf(&cfg.dns_resolv_conf)?,
+                    metrics: metrics.clone(),
+                }));
+            }
+            let mgr = Arc::new(mgr);
+            let _ = inpod_slot.set(mgr.clone());
+            let (trigger, watcher) = drain::new();
+            let task = tokio::spawn(mgr.run(watcher));
+            Running::Shared { trigger, task }
         }
     };
 
@@ -418,8 +495,19 @@ async fn async_main(
     let second_signal = async {
         let _ = tokio::signal::ctrl_c().await;
     };
+    let stop = async {
+        match running {
+            Running::Dedicated(proxy) => {
+                let _ = data.spawn(proxy.drain(DrainMode::Graceful, deadline)).await;
+            }
+            Running::Shared { trigger, task } => {
+                trigger.start_drain_and_wait(DrainMode::Graceful, deadline + Duration::from_secs(1)).await;
+                let _ = task.await;
+            }
+        }
+    };
     tokio::select! {
-        _ = data.spawn(proxy.drain(DrainMode::Graceful, deadline)) => {}
+        _ = stop => {}
         _ = second_signal => tracing::warn!("second signal: stopping immediately"),
     }
     policy_watch.abort();

@@ -11,6 +11,7 @@ pub mod drain;
 pub mod grpc;
 pub mod app;
 pub mod identity;
+pub mod inpod;
 pub mod proxy;
 pub mod readiness;
 pub mod state;

@@ -323,6 +323,7 @@ impl Mesh {
         let mut cmd: Command = self.topo.command(pod, env!("CARGO_BIN_EXE_ambit")).unwrap();
         cmd.arg("ztunnel")
             .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("PROXY_MODE", "dedicated")
             .env("PROXY_WORKLOAD_INFO", format!("default/{pod}/{pod}"))
             .env("XDS_ADDRESS", "")

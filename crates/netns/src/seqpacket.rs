@@ -1,0 +1,262 @@
+//! `AF_UNIX` `SOCK_SEQPACKET` sockets for ZDS (the CNI agent ↔ ztunnel protocol): one
+//! message per datagram, at most [`MAX_DATAGRAM`] bytes, and at most one file descriptor
+//! (`SCM_RIGHTS`) riding along, received close-on-exec.
+//!
+//! tokio has no SEQPACKET type, so this wraps the raw socket in an [`AsyncFd`]. The raw
+//! system calls live behind the crate's `imp` switch. [`SeqPacket::connect`] is the client
+//! (ztunnel); [`SeqPacketListener`] is the server side (the agent, and tests).
+
+use std::{
+    io,
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use tokio::io::{Interest, unix::AsyncFd};
+
+use crate::imp;
+
+/// Size of the receive buffer both ZDS peers use; a larger datagram is an error.
+pub const MAX_DATAGRAM: usize = 1024;
+
+/// Errors of SEQPACKET sockets; each says which step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeqPacketError {
+    /// Creating the socket or registering it with the runtime failed.
+    #[error("creating a SEQPACKET socket: {0}")]
+    Create(io::Error),
+    /// Connecting to the listener failed.
+    #[error("connecting to {path}: {source}")]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Binding or listening failed.
+    #[error("listening on {path}: {source}")]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Accepting a connection failed.
+    #[error("accepting a connection: {0}")]
+    Accept(io::Error),
+    /// `sendmsg` failed.
+    #[error("sending: {0}")]
+    Send(io::Error),
+    /// The kernel took only part of the datagram.
+    #[error("short send: {sent} of {len} bytes")]
+    ShortSend {
+        /// Bytes sent.
+        sent: usize,
+        /// Bytes requested.
+        len: usize,
+    },
+    /// `recvmsg` failed.
+    #[error("receiving: {0}")]
+    Recv(io::Error),
+    /// The datagram did not fit [`MAX_DATAGRAM`] bytes (`MSG_TRUNC`).
+    #[error("message truncated: larger than {MAX_DATAGRAM} bytes")]
+    Truncated,
+    /// The ancillary data did not fit (`MSG_CTRUNC`); received descriptors were closed.
+    #[error("control message truncated")]
+    ControlTruncated,
+    /// More than one descriptor came with a datagram; all of them were closed.
+    #[error("{0} file descriptors in one message, at most one is allowed")]
+    TooManyFds(usize),
+}
+
+fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, SeqPacketError> {
+    // SAFETY: an `OwnedFd` is a valid open descriptor that stays open and unchanged until
+    // the `AsyncFd` owning it drops it, which is what `register` requires.
+    unsafe { AsyncFd::register(fd) }.map_err(|e| SeqPacketError::Create(e.into()))
+}
+
+/// A connected SEQPACKET socket. Must be created and used inside a tokio runtime.
+#[derive(Debug)]
+pub struct SeqPacket {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl SeqPacket {
+    /// Connects to the listener at `path`. Unix-socket connects never block (a full
+    /// backlog fails with `EAGAIN`; retry later).
+    ///
+    /// The socket is registered with the runtime only once connected: an unconnected
+    /// SEQPACKET socket polls as hung up, and tokio keeps "closed" readiness sticky, so
+    /// registering first could leave the connection looking closed forever (a busy loop of
+    /// `EAGAIN` reads).
+    pub async fn connect(path: &Path) -> Result<Self, SeqPacketError> {
+        let fd = imp::seqpacket_socket().map_err(SeqPacketError::Create)?;
+        imp::seqpacket_connect(fd.as_fd(), path).map_err(|source| SeqPacketError::Connect {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self { fd: register(fd)? })
+    }
+
+    /// Sends one datagram without descriptors.
+    pub async fn send(&self, data: &[u8]) -> Result<(), SeqPacketError> {
+        self.send_with_fds(data, &[]).await
+    }
+
+    /// Sends one datagram with `fds` attached as `SCM_RIGHTS` (the sender keeps its copies).
+    pub async fn send_with_fds(
+        &self,
+        data: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), SeqPacketError> {
+        let sent = self
+            .fd
+            .async_io(Interest::WRITABLE, |sock| {
+                imp::seqpacket_send(sock.as_fd(), data, fds)
+            })
+            .await
+            .map_err(SeqPacketError::Send)?;
+        if sent != data.len() {
+            return Err(SeqPacketError::ShortSend {
+                sent,
+                len: data.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram into `buf`: its length (0 when the peer closed) and the one
+    /// descriptor that came with it, if any. Truncated data or control messages and more
+    /// than one descriptor are errors; any descriptors received with such a datagram are
+    /// closed. Cancel-safe: nothing is consumed unless the future completes.
+    pub async fn recv_with_fd(
+        &self,
+        buf: &mut [u8; MAX_DATAGRAM],
+    ) -> Result<(usize, Option<OwnedFd>), SeqPacketError> {
+        let got = self
+            .fd
+            .async_io(Interest::READABLE, |sock| {
+                imp::seqpacket_recv(sock.as_fd(), buf)
+            })
+            .await
+            .map_err(SeqPacketError::Recv)?;
+        if got.truncated {
+            return Err(SeqPacketError::Truncated);
+        }
+        if got.control_truncated {
+            return Err(SeqPacketError::ControlTruncated);
+        }
+        let mut fds = got.fds;
+        if fds.len() > 1 {
+            return Err(SeqPacketError::TooManyFds(fds.len()));
+        }
+        Ok((got.len, fds.pop()))
+    }
+}
+
+/// A listening SEQPACKET socket (the ZDS server side).
+#[derive(Debug)]
+pub struct SeqPacketListener {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl SeqPacketListener {
+    /// Binds `path` and listens. A stale socket file at `path` is removed first. Must be
+    /// called inside a tokio runtime.
+    pub fn bind(path: &Path) -> Result<Self, SeqPacketError> {
+        let listen_err = |source| SeqPacketError::Listen {
+            path: path.to_owned(),
+            source,
+        };
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(listen_err(e)),
+        }
+        let fd = imp::seqpacket_socket().map_err(SeqPacketError::Create)?;
+        imp::seqpacket_listen(fd.as_fd(), path).map_err(listen_err)?;
+        Ok(Self { fd: register(fd)? })
+    }
+
+    /// Waits for the next connection.
+    pub async fn accept(&self) -> Result<SeqPacket, SeqPacketError> {
+        let fd = self
+            .fd
+            .async_io(Interest::READABLE, |sock| {
+                imp::seqpacket_accept(sock.as_fd())
+            })
+            .await
+            .map_err(SeqPacketError::Accept)?;
+        Ok(SeqPacket { fd: register(fd)? })
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn datagrams_fds_and_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("zds.sock");
+        let listener = SeqPacketListener::bind(&path).unwrap();
+        let (client, server) = tokio::join!(SeqPacket::connect(&path), listener.accept());
+        let (client, server) = (client.unwrap(), server.unwrap());
+        let mut buf = [0u8; MAX_DATAGRAM];
+
+        // Boundaries are kept; no descriptor.
+        client.send(&[8, 1]).await.unwrap();
+        client.send(&[1, 2, 3]).await.unwrap();
+        let (n, fd) = server.recv_with_fd(&mut buf).await.unwrap();
+        assert_eq!((&buf[..n], fd.is_none()), (&[8u8, 1][..], true));
+        let (n, _) = server.recv_with_fd(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], &[1, 2, 3]);
+
+        // One descriptor arrives and refers to the same file.
+        let file = std::fs::File::open("/proc/self/ns/net").unwrap();
+        server.send_with_fds(b"x", &[file.as_fd()]).await.unwrap();
+        let (n, fd) = client.recv_with_fd(&mut buf).await.unwrap();
+        assert_eq!(n, 1);
+        let fd = fd.unwrap();
+        let same = |a: BorrowedFd<'_>, b: BorrowedFd<'_>| {
+            let (a, b) = (
+                nix::sys::stat::fstat(a).unwrap(),
+                nix::sys::stat::fstat(b).unwrap(),
+            );
+            (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)
+        };
+        assert!(same(fd.as_fd(), file.as_fd()));
+
+        // Two descriptors: rejected.
+        server
+            .send_with_fds(b"y", &[file.as_fd(), file.as_fd()])
+            .await
+            .unwrap();
+        let err = client.recv_with_fd(&mut buf).await.unwrap_err();
+        assert!(matches!(err, SeqPacketError::TooManyFds(2)), "{err}");
+
+        // Oversized datagram: rejected, and the next one still reads fine.
+        server.send(&[0u8; MAX_DATAGRAM + 1]).await.unwrap();
+        server.send(&[7]).await.unwrap();
+        let err = client.recv_with_fd(&mut buf).await.unwrap_err();
+        assert!(matches!(err, SeqPacketError::Truncated), "{err}");
+        let (n, _) = client.recv_with_fd(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], &[7]);
+
+        // Peer closed: length 0.
+        drop(server);
+        let (n, fd) = client.recv_with_fd(&mut buf).await.unwrap();
+        assert_eq!((n, fd.is_none()), (0, true));
+    }
+
+    #[tokio::test]
+    async fn connect_to_nothing_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = SeqPacket::connect(&dir.path().join("absent.sock"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SeqPacketError::Connect { .. }), "{err}");
+    }
+}
