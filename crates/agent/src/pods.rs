@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
 
+pub mod kube;
+
 /// The pod annotation the agent writes (`spec/cni.md` §1.11).
 pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 /// Annotation value: rules in place and ztunnel acked.

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod agent;
 mod control;
 mod plugin;
+mod up;
 mod ztunnel;
 
 #[derive(Debug, Parser)]
@@ -35,6 +36,19 @@ enum Command {
     CniAgent(agent::Args),
     /// The CNI plugin (reads CNI_* variables and the network config on stdin).
     CniPlugin,
+    /// Bring up an embedded mesh from a directory of manifests (stays in the foreground;
+    /// Ctrl-C removes it).
+    #[command(
+        after_help = "Example:\n  sudo ambit up examples/basic\n  sudo ambit exec client -- curl -s http://server.demo.svc.cluster.local/"
+    )]
+    Up(up::UpArgs),
+    /// Remove the embedded mesh (also after its `ambit up` was killed).
+    Down(up::RunDirArgs),
+    /// Show the embedded mesh: nodes, pods, enrolment, readiness, certificates.
+    Status(up::StatusArgs),
+    /// Run a command inside a pod's network namespace with its environment.
+    #[command(after_help = "Example:\n  ambit exec demo/client -- python3 -c 'print(1)'")]
+    Exec(up::ExecArgs),
     /// Print the version.
     Version,
 }
@@ -55,6 +69,10 @@ fn main() -> ExitCode {
         Command::Control(args) => control::main(args),
         Command::CniAgent(args) => agent::main(args),
         Command::CniPlugin => plugin::main(),
+        Command::Up(args) => up::up(args),
+        Command::Down(args) => up::down(args),
+        Command::Status(args) => up::status(args),
+        Command::Exec(args) => up::exec(args),
         Command::Version => {
             #[allow(clippy::print_stdout)]
             {

@@ -4,6 +4,8 @@
 //! runtime would run it. Then a ztunnel restart hand-off under a steady stream of new
 //! connections. Needs root.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
+
 #[path = "support/mesh.rs"]
 mod mesh;
 
@@ -59,22 +61,38 @@ impl Cluster {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        self.procs.push((name.to_string(), Proc { child: cmd.spawn().unwrap(), log }));
+        self.procs.push((
+            name.to_string(),
+            Proc {
+                child: cmd.spawn().unwrap(),
+                log,
+            },
+        ));
     }
 
     fn logs(&self) -> String {
-        self.procs.iter().map(|(n, p)| format!("== {n}\n{}\n", p.log_text())).collect()
+        self.procs
+            .iter()
+            .map(|(n, p)| format!("== {n}\n{}\n", p.log_text()))
+            .collect()
     }
 
     fn ready(&self, ns: &str, port: u16, path: &str) -> bool {
         let ns = self.topo.netns(ns).unwrap();
-        matches!(mesh::http_get(ns, SocketAddr::from(([127, 0, 0, 1], port)), path), Some((200, _)))
+        matches!(
+            mesh::http_get(ns, SocketAddr::from(([127, 0, 0, 1], port)), path),
+            Some((200, _))
+        )
     }
 
     fn wait_ready(&self, what: &str, ns: &str, port: u16, path: &str) {
         let deadline = Instant::now() + SECS;
         while !self.ready(ns, port, path) {
-            assert!(Instant::now() < deadline, "{what} not ready\n{}", self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "{what} not ready\n{}",
+                self.logs()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -84,7 +102,12 @@ impl Cluster {
         let root = self.path("state/root-cert.pem").display().to_string();
         vec![
             ("PROXY_MODE", "shared".into()),
-            ("INPOD_UDS", self.path(&format!("{node}/ztunnel.sock")).display().to_string()),
+            (
+                "INPOD_UDS",
+                self.path(&format!("{node}/ztunnel.sock"))
+                    .display()
+                    .to_string(),
+            ),
             ("NODE_NAME", node.into()),
             ("XDS_ADDRESS", control.clone()),
             ("XDS_ROOT_CA", root.clone()),
@@ -102,6 +125,7 @@ impl Cluster {
     fn start() -> Cluster {
         let topo = Topology::builder()
             .pod("node1", "client")
+            .pod("node1", "late")
             .pod("node2", "server")
             .node("zt2")
             .build()
@@ -112,17 +136,36 @@ impl Cluster {
             .enable_all()
             .build()
             .unwrap();
-        let mut c = Cluster { topo, dir, rt, procs: Vec::new() };
-        for d in ["manifests", "node1/pods", "node2/pods", "node1/cni", "node2/cni"] {
+        let mut c = Cluster {
+            topo,
+            dir,
+            rt,
+            procs: Vec::new(),
+        };
+        for d in [
+            "manifests",
+            "node1/pods",
+            "node2/pods",
+            "node1/cni",
+            "node2/cni",
+        ] {
             std::fs::create_dir_all(c.path(d)).unwrap();
         }
         let ns = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  labels: {istio.io/dataplane-mode: ambient}\n";
-        let all = format!("{ns}{}{}", c.pod_manifest("client"), c.pod_manifest("server"));
+        let all = format!(
+            "{ns}{}{}",
+            c.pod_manifest("client"),
+            c.pod_manifest("server")
+        );
         std::fs::write(c.path("manifests/mesh.yaml"), &all).unwrap();
-        for (node, pod) in [("node1", "client"), ("node2", "server")] {
+        for (node, pods) in [
+            ("node1", &["client", "late"][..]),
+            ("node2", &["server"][..]),
+        ] {
+            let manifests: String = pods.iter().map(|p| c.pod_manifest(p)).collect();
             std::fs::write(
                 c.path(&format!("{node}/pods/pods.yaml")),
-                format!("{ns}{}", c.pod_manifest(pod)),
+                format!("{ns}{manifests}"),
             )
             .unwrap();
         }
@@ -143,8 +186,17 @@ impl Cluster {
             "control",
             "node1",
             &[
-                "control", "--manifests", &manifests, "--listen", &listen, "--state-dir", &state,
-                "--tokens", &tokens, "--hostname", "control.test",
+                "control",
+                "--manifests",
+                &manifests,
+                "--listen",
+                &listen,
+                "--state-dir",
+                &state,
+                "--tokens",
+                &tokens,
+                "--hostname",
+                "control.test",
             ],
             &[],
         );
@@ -156,12 +208,25 @@ impl Cluster {
                 ("NODE_NAME", node.to_string()),
                 ("AMBIENT_ENABLED", "true".to_string()),
                 ("AMBIENT_ENABLEMENT_SELECTOR", SELECTORS.to_string()),
-                ("ZTUNNEL_UDS_ADDRESS", c.path(&format!("{node}/ztunnel.sock")).display().to_string()),
-                ("CNI_AGENT_RUN_DIR", c.path(&format!("{node}/cni")).display().to_string()),
+                (
+                    "ZTUNNEL_UDS_ADDRESS",
+                    c.path(&format!("{node}/ztunnel.sock"))
+                        .display()
+                        .to_string(),
+                ),
+                (
+                    "CNI_AGENT_RUN_DIR",
+                    c.path(&format!("{node}/cni")).display().to_string(),
+                ),
                 ("AMBIT_HEALTH_ADDR", "127.0.0.1:8000".to_string()),
                 ("AMBIT_METRICS_ADDR", "127.0.0.1:15014".to_string()),
             ];
-            c.spawn(&format!("agent-{node}"), node, &["cni-agent", "--pods", &pods], &env);
+            c.spawn(
+                &format!("agent-{node}"),
+                node,
+                &["cni-agent", "--pods", &pods],
+                &env,
+            );
             let zenv = c.ztunnel_env(node);
             c.spawn(&format!("ztunnel-{node}"), node, &["ztunnel"], &zenv);
         }
@@ -175,13 +240,19 @@ impl Cluster {
     /// Runs the CNI plugin for `pod` like a container runtime: env + network config on stdin.
     fn cni_add(&self, pod: &str) -> std::process::Output {
         let p = self.topo.pod(pod);
-        let run_dir = self.path(&format!("{}/cni", p.node())).display().to_string();
+        let run_dir = self
+            .path(&format!("{}/cni", p.node()))
+            .display()
+            .to_string();
         let config = format!(
             r#"{{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"istio-cni","cni_agent_run_dir":"{run_dir}","ambient_enabled":true,"exclude_namespaces":["kube-system"],"pod_namespace":"istio-system","plugin_log_level":"info","prevResult":{{"cniVersion":"1.0.0","interfaces":[{{"name":"eth0","sandbox":"{netns}"}}],"ips":[{{"address":"{ip}/32","interface":0}}]}}}}"#,
             netns = p.netns_path().display(),
             ip = p.ip(),
         );
-        let mut cmd = self.topo.command(p.node(), env!("CARGO_BIN_EXE_ambit")).unwrap();
+        let mut cmd = self
+            .topo
+            .command(p.node(), env!("CARGO_BIN_EXE_ambit"))
+            .unwrap();
         cmd.arg("cni-plugin")
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -199,14 +270,22 @@ impl Cluster {
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         use std::io::Write;
-        child.stdin.take().unwrap().write_all(config.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(config.as_bytes())
+            .unwrap();
         child.wait_with_output().unwrap()
     }
 
     fn start_app(&self) {
         let ns = self.topo.pod("server").netns();
         let listener = mesh::app_factory(ns)
-            .new_tcp_listener(SocketAddr::from(([0, 0, 0, 0], APP_PORT)), &SocketOptions::default())
+            .new_tcp_listener(
+                SocketAddr::from(([0, 0, 0, 0], APP_PORT)),
+                &SocketOptions::default(),
+            )
             .unwrap();
         self.rt.spawn(async move {
             use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -214,7 +293,9 @@ impl Cluster {
             while let Ok((stream, peer)) = listener.accept().await {
                 tokio::spawn(async move {
                     let (r, mut w) = stream.into_split();
-                    let _ = w.write_all(format!("hello {}\n", peer.ip()).as_bytes()).await;
+                    let _ = w
+                        .write_all(format!("hello {}\n", peer.ip()).as_bytes())
+                        .await;
                     let mut lines = BufReader::new(r).lines();
                     while let Ok(Some(line)) = lines.next_line().await {
                         if w.write_all(format!("{line}\n").as_bytes()).await.is_err() {
@@ -234,7 +315,9 @@ impl Cluster {
 
 #[test]
 fn pods_enrolled_through_cni_and_ztunnel_hand_off() {
-    if !ambit_netns::testing::netns_capable_or_skip("pods_enrolled_through_cni_and_ztunnel_hand_off") {
+    if !ambit_netns::testing::netns_capable_or_skip(
+        "pods_enrolled_through_cni_and_ztunnel_hand_off",
+    ) {
         return;
     }
     let mut c = Cluster::start();
@@ -250,7 +333,9 @@ fn pods_enrolled_through_cni_and_ztunnel_hand_off() {
         let listeners = c.ztunnel_listeners(pod);
         for port in [15001, 15006, 15008] {
             assert!(
-                listeners.lines().any(|l| l.contains(&format!(":{port} ")) && l.contains("fwmark:0x539")),
+                listeners
+                    .lines()
+                    .any(|l| l.contains(&format!(":{port} ")) && l.contains("fwmark:0x539")),
                 "{pod}: no marked listener on {port}:\n{listeners}"
             );
         }
@@ -258,11 +343,18 @@ fn pods_enrolled_through_cni_and_ztunnel_hand_off() {
     c.start_app();
     let server = SocketAddr::from((c.topo.pod("server").ip(), APP_PORT));
     let client_ip = c.topo.pod("client").ip();
-    let reply = eventually("client → server through the in-pod listeners", SECS, || {
-        let mut s = connect_from(c.topo.pod("client").netns(), server).ok()?;
-        exchange(&mut s, "in-pod").ok()
-    });
-    assert!(reply.starts_with(&format!("hello {client_ip}\n")), "{reply:?}");
+    let reply = eventually(
+        "client → server through the in-pod listeners",
+        SECS,
+        || {
+            let mut s = connect_from(c.topo.pod("client").netns(), server).ok()?;
+            exchange(&mut s, "in-pod").ok()
+        },
+    );
+    assert!(
+        reply.starts_with(&format!("hello {client_ip}\n")),
+        "{reply:?}"
+    );
     let metrics = mesh::http_get(
         c.topo.node("node2").netns(),
         SocketAddr::from(([127, 0, 0, 1], 15020)),
@@ -271,8 +363,26 @@ fn pods_enrolled_through_cni_and_ztunnel_hand_off() {
     .map(|(_, b)| b)
     .unwrap_or_default();
     assert!(
-        mesh::counter(&metrics, "istio_tcp_connections_opened_total", &["reporter=\"destination\"", "source_principal=\"spiffe://cluster.local/ns/default/sa/client\""]) >= 1.0,
+        mesh::counter(
+            &metrics,
+            "istio_tcp_connections_opened_total",
+            &[
+                "reporter=\"destination\"",
+                "source_principal=\"spiffe://cluster.local/ns/default/sa/client\""
+            ]
+        ) >= 1.0,
         "{metrics}"
+    );
+
+    // A "kubelet probe" from the node reaches the app through the host SNAT path, as
+    // 169.254.7.127, not through ztunnel.
+    let reply = eventually("probe from the node", SECS, || {
+        let mut s = connect_from(c.topo.node("node2").netns(), server).ok()?;
+        exchange(&mut s, "probe").ok()
+    });
+    assert!(
+        reply.starts_with("hello 169.254.7.127\n"),
+        "probe source: {reply:?}"
     );
 
     // Hand-off: a new ztunnel for node2 (in its own namespace, like a new pod) connects to the
@@ -307,15 +417,27 @@ fn pods_enrolled_through_cni_and_ztunnel_hand_off() {
             }
         })
     };
-    eventually("steady traffic", SECS, || (ok.load(Ordering::Relaxed) > 20).then_some(()));
+    eventually("steady traffic", SECS, || {
+        (ok.load(Ordering::Relaxed) > 20).then_some(())
+    });
     let env = c.ztunnel_env("node2");
     c.spawn("ztunnel-node2-new", "zt2", &["ztunnel"], &env);
     c.wait_ready("new ztunnel", "zt2", 15021, "/healthz/ready");
     let before = ok.load(Ordering::Relaxed);
-    let old = c.procs.iter().position(|(n, _)| n == "ztunnel-node2").unwrap();
+    let old = c
+        .procs
+        .iter()
+        .position(|(n, _)| n == "ztunnel-node2")
+        .unwrap();
     let pid = c.procs[old].1.child.id();
-    Command::new("kill").arg("-TERM").arg(pid.to_string()).status().unwrap();
-    let exited = eventually("old ztunnel exits", SECS, || c.procs[old].1.child.try_wait().ok().flatten());
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    let exited = eventually("old ztunnel exits", SECS, || {
+        c.procs[old].1.child.try_wait().ok().flatten()
+    });
     assert!(exited.success(), "old ztunnel exit {exited:?}");
     eventually("traffic continues on the new ztunnel", SECS, || {
         (ok.load(Ordering::Relaxed) > before + 100).then_some(())
@@ -324,6 +446,37 @@ fn pods_enrolled_through_cni_and_ztunnel_hand_off() {
     load.join().unwrap();
     let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
     eprintln!("hand-off: {ok} connections succeeded, {failed} failed");
-    assert_eq!(failed, 0, "connections failed during the hand-off ({ok} succeeded)\n{}", c.logs());
-    assert!(c.ztunnel_listeners("server").contains("fwmark:0x539"), "new ztunnel serves the pod");
+    assert_eq!(
+        failed,
+        0,
+        "connections failed during the hand-off ({ok} succeeded)\n{}",
+        c.logs()
+    );
+    assert!(
+        c.ztunnel_listeners("server").contains("fwmark:0x539"),
+        "new ztunnel serves the pod"
+    );
+
+    // Fail closed: with node1's ztunnel gone, a new pod's CNI ADD fails, and its traffic is
+    // captured into ports nobody listens on instead of leaving in plaintext.
+    let z1 = c
+        .procs
+        .iter()
+        .position(|(n, _)| n == "ztunnel-node1")
+        .unwrap();
+    let _ = c.procs[z1].1.child.kill();
+    let _ = c.procs[z1].1.child.wait();
+    let out = c.cni_add("late");
+    assert!(!out.status.success(), "CNI ADD succeeded without a ztunnel");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("\"code\"") && stdout.contains("\"msg\""),
+        "CNI error JSON: {stdout}"
+    );
+    let late =
+        connect_from(c.topo.pod("late").netns(), server).and_then(|mut s| exchange(&mut s, "leak"));
+    assert!(
+        late.is_err(),
+        "an un-acked pod reached the server: {late:?}"
+    );
 }

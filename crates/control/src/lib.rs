@@ -3,6 +3,7 @@
 
 pub mod ca;
 pub mod grpc;
+pub mod kube_source;
 pub mod objects;
 pub mod server;
 pub mod source;

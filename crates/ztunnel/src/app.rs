@@ -78,7 +78,10 @@ impl SocketFactory for MarkedSocketFactory {
 /// What serves traffic: one proxy (dedicated) or the in-pod manager (shared).
 enum Running {
     Dedicated(Proxy),
-    Shared { trigger: drain::DrainTrigger, task: tokio::task::JoinHandle<()> },
+    Shared {
+        trigger: drain::DrainTrigger,
+        task: tokio::task::JoinHandle<()>,
+    },
 }
 
 /// Starts a DNS proxy inside every pod the in-pod manager starts (shared mode).
@@ -100,8 +103,11 @@ impl PodExtras for DnsPodExtras {
             pod.socket_factory.as_ref(),
             &crate::dns::listen_addrs(self.cfg.ipv6_enabled),
         )?;
-        let (state, local, node) =
-            (self.state.clone(), pod.workload.clone(), self.cfg.node_name.clone());
+        let (state, local, node) = (
+            self.state.clone(),
+            pod.workload.clone(),
+            self.cfg.node_name.clone(),
+        );
         let ctx = DnsContext {
             state: self.state.clone(),
             client: Arc::new(move || {
@@ -266,9 +272,10 @@ impl Dump {
                     })
                     .collect(),
             ),
-            DumpSection::WorkloadState => {
-                self.inpod.get().map_or_else(|| json!({}), |m| m.workload_state())
-            }
+            DumpSection::WorkloadState => self
+                .inpod
+                .get()
+                .map_or_else(|| json!({}), |m| m.workload_state()),
         }
     }
 }
@@ -501,7 +508,9 @@ async fn async_main(
                 let _ = data.spawn(proxy.drain(DrainMode::Graceful, deadline)).await;
             }
             Running::Shared { trigger, task } => {
-                trigger.start_drain_and_wait(DrainMode::Graceful, deadline + Duration::from_secs(1)).await;
+                trigger
+                    .start_drain_and_wait(DrainMode::Graceful, deadline + Duration::from_secs(1))
+                    .await;
                 let _ = task.await;
             }
         }

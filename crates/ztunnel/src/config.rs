@@ -528,7 +528,11 @@ impl Config {
         // Short lifetimes are legitimate in tests of rotation; below a second the half-life
         // refresh would spin.
         if secret_ttl < Duration::from_secs(1) && r.string("SECRET_TTL").is_some() {
-            r.fail("SECRET_TTL", &format!("{secret_ttl:?}"), "must be at least 1s");
+            r.fail(
+                "SECRET_TTL",
+                &format!("{secret_ttl:?}"),
+                "must be at least 1s",
+            );
         }
 
         let proxy_metadata = r.prefixed("ISTIO_META_", vars);

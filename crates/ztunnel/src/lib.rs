@@ -3,19 +3,31 @@
 //!
 //! The library never reads the process environment: the binary hands it a typed [`Config`]
 //! built by [`config::Config::from_vars`].
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`config`] | upstream's environment variables → [`Config`] |
+//! | [`app`] | runtimes, servers, signals, drain: the process |
+//! | [`state`] | workloads, services, policies, indexed for the data path |
+//! | [`proxy`] | outbound 15001, inbound HBONE 15008, inbound plaintext 15006 |
+//! | [`inpod`] | shared mode: the ZDS client and per-pod proxies |
+//! | [`dns`] | the DNS proxy on 15053 |
+//! | [`identity`] / [`grpc`] | CA client, certificate cache, control-plane channels |
+//! | [`xds`] | the delta ADS client |
+//! | [`telemetry`] / [`admin`] / [`readiness`] / [`drain`] | metrics, access logs, admin, readiness, shutdown |
 
 pub mod admin;
+pub mod app;
 pub mod config;
 pub mod dns;
 pub mod drain;
 pub mod grpc;
-pub mod app;
 pub mod identity;
 pub mod inpod;
 pub mod proxy;
 pub mod readiness;
 pub mod state;
 pub mod telemetry;
+pub mod xds;
 
 pub use config::Config;
-pub mod xds;

@@ -287,5 +287,8 @@ async fn copy_hbone(
     socket_is_client: bool,
 ) -> Result<(), String> {
     let mut counted = counted::Counted::new(socket, guard, socket_is_client);
-    ambit_hbone::copy_bidirectional(&mut counted, tunnel).await.map(drop).map_err(|e| e.to_string())
+    ambit_hbone::copy_bidirectional(&mut counted, tunnel)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
 }

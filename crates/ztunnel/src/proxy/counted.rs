@@ -19,7 +19,11 @@ pub struct Counted<'a, S> {
 
 impl<'a, S> Counted<'a, S> {
     pub fn new(inner: &'a mut S, guard: &'a ConnectionGuard, reads_are_requests: bool) -> Self {
-        Self { inner, guard, reads_are_requests }
+        Self {
+            inner,
+            guard,
+            reads_are_requests,
+        }
     }
 
     fn count(&self, n: usize, read: bool) {

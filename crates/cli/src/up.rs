@@ -1,0 +1,376 @@
+//! `ambit up`, `down`, `status` and `exec`: the embedded mesh ([`ambit_mesh`]). Flags in,
+//! progress and tables out; the orchestration itself lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ambit_mesh::{Mesh, RunDir, UpConfig};
+
+/// Where the run directory is unless `--run-dir` says otherwise.
+const DEFAULT_RUN_DIR: &str = "/run/ambit";
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Directory of manifests (Namespace, Pod, Service, PeerAuthentication,
+    /// AuthorizationPolicy); every Pod names its node in spec.nodeName.
+    dir: PathBuf,
+    /// Run directory: state, sockets, generated config and logs.
+    #[arg(long, env = "AMBIT_RUN_DIR", default_value = DEFAULT_RUN_DIR)]
+    run_dir: PathBuf,
+    /// How long each component may take to become ready.
+    #[arg(long, default_value = "60", value_name = "SECONDS")]
+    timeout: u64,
+    /// RUST_LOG of the components.
+    #[arg(long, default_value = "info")]
+    log_level: String,
+    /// Capture pods' DNS into ztunnel's DNS proxy (service names resolve).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    dns_capture: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunDirArgs {
+    /// Run directory of the mesh.
+    #[arg(long, env = "AMBIT_RUN_DIR", default_value = DEFAULT_RUN_DIR)]
+    run_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    run: RunDirArgs,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    output: Output,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    run: RunDirArgs,
+    /// Pod: NAME, or NAMESPACE/NAME.
+    pod: String,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// What children (components, pod processes, exec) inherit from our environment.
+fn base_env() -> Vec<(String, String)> {
+    ["PATH", "HOME", "LANG", "TERM", "USER"]
+        .iter()
+        .filter_map(|k| Some((k.to_string(), std::env::var(k).ok()?)))
+        .collect()
+}
+
+fn say(line: &str) {
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{line}");
+    }
+}
+
+/// SIGINT/SIGTERM set the returned flag (on a small runtime thread of their own).
+fn signal_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            let _ = tx.send(());
+            return;
+        };
+        rt.block_on(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                let _ = tx.send(());
+                return;
+            };
+            let _ = tx.send(());
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            set.store(true, Ordering::SeqCst);
+        });
+    });
+    // Handlers are installed before the first namespace is created.
+    let _ = rx.recv_timeout(Duration::from_secs(5));
+    flag
+}
+
+pub fn up(args: UpArgs) -> ExitCode {
+    let ambit_exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("cannot find the ambit executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cancel = signal_flag();
+    let cfg = UpConfig {
+        manifests: args.dir.clone(),
+        run_dir: args.run_dir.clone(),
+        ambit_exe,
+        base_env: base_env(),
+        timeout: Duration::from_secs(args.timeout),
+        log_level: args.log_level,
+        dns_capture: args.dns_capture,
+        cancel: cancel.clone(),
+    };
+    let mesh = match Mesh::up(cfg, &|line| say(&format!("· {line}"))) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("ambit up: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    summary(&mesh, &args.run_dir);
+    let mut mesh = mesh;
+    while !cancel.load(Ordering::SeqCst) {
+        for exit in mesh.poll_exits() {
+            say(&format!(
+                "! {} exited ({}); log: {}",
+                exit.role,
+                exit.status,
+                exit.log
+                    .map(|l| l.display().to_string())
+                    .unwrap_or_default()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    say("· stopping: removing pods, components and namespaces");
+    match mesh.shutdown() {
+        Ok(()) => {
+            say("· mesh removed");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ambit up: teardown: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn summary(mesh: &Mesh, run_dir: &std::path::Path) {
+    let st = mesh.state();
+    say("");
+    say(&format!(
+        "mesh {} is up: control plane at {}",
+        st.prefix,
+        st.control_address
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    ));
+    let mut rows = vec![[
+        "NAMESPACE".to_string(),
+        "POD".into(),
+        "NODE".into(),
+        "IP".into(),
+        "MESH".into(),
+    ]];
+    for p in &st.pods {
+        rows.push([
+            p.namespace.clone(),
+            p.name.clone(),
+            p.node.clone(),
+            p.ip.to_string(),
+            if p.enrolled {
+                "ambient (HBONE)".into()
+            } else if p.ambient {
+                "ambient (not enrolled)".into()
+            } else {
+                "-".into()
+            },
+        ]);
+    }
+    table(&rows);
+    let rd = if run_dir == std::path::Path::new(DEFAULT_RUN_DIR) {
+        String::new()
+    } else {
+        format!(" --run-dir {}", run_dir.display())
+    };
+    let example = st.pods.first().map(|p| p.name.as_str()).unwrap_or("POD");
+    say("");
+    say(&format!(
+        "  ambit exec{rd} {example} -- CMD...   run a command in a pod"
+    ));
+    say(&format!(
+        "  ambit status{rd} [-o json]           readiness, enrolment, certificates"
+    ));
+    say(&format!("  logs in {}", mesh.run_dir().logs().display()));
+    say("  Ctrl-C (or `ambit down`) removes everything.");
+    say("ready");
+}
+
+fn table<const N: usize>(rows: &[[String; N]]) {
+    let mut widths = [0usize; N];
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        say(line.join("  ").trim_end());
+    }
+}
+
+pub fn down(args: RunDirArgs) -> ExitCode {
+    let run = RunDir::new(&args.run_dir);
+    match ambit_mesh::down(&run, Duration::from_secs(30)) {
+        Ok(r) => {
+            match r.prefix {
+                Some(p) => say(&format!("mesh {p} removed")),
+                None => say("no mesh recorded; generated files removed"),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ambit down: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn status(args: StatusArgs) -> ExitCode {
+    let run = RunDir::new(&args.run.run_dir);
+    let st = match ambit_mesh::status(&run) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            eprintln!("no mesh in {}", args.run.run_dir.display());
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("ambit status: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match args.output {
+        Output::Json => match serde_json::to_string_pretty(&st) {
+            Ok(s) => say(&s),
+            Err(e) => {
+                eprintln!("ambit status: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        Output::Table => {
+            let yes = |b: bool| if b { "yes" } else { "no" }.to_string();
+            say(&format!(
+                "mesh {} ({:?}), orchestrator {}, control plane {} at {}",
+                st.prefix,
+                st.phase,
+                if st.orchestrator { "running" } else { "gone" },
+                if st.control.running {
+                    "running"
+                } else {
+                    "down"
+                },
+                st.control
+                    .address
+                    .map(|a| a.to_string())
+                    .unwrap_or_default()
+            ));
+            say("");
+            let mut rows = vec![[
+                "NODE".to_string(),
+                "IP".into(),
+                "AGENT READY".into(),
+                "ZTUNNEL READY".into(),
+                "CERTIFICATES (expiry)".into(),
+            ]];
+            for n in &st.nodes {
+                let certs: Vec<String> = n
+                    .certificates
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{} {}",
+                            c.identity,
+                            c.expires.clone().unwrap_or_else(|| c.state.clone())
+                        )
+                    })
+                    .collect();
+                rows.push([
+                    n.name.clone(),
+                    n.ip.to_string(),
+                    yes(n.agent.ready),
+                    yes(n.ztunnel.ready),
+                    if certs.is_empty() {
+                        "-".into()
+                    } else {
+                        certs.join("; ")
+                    },
+                ]);
+            }
+            table(&rows);
+            say("");
+            let mut rows = vec![[
+                "NAMESPACE".to_string(),
+                "POD".into(),
+                "NODE".into(),
+                "IP".into(),
+                "AMBIENT".into(),
+                "ENROLLED".into(),
+                "RUNNING".into(),
+            ]];
+            for p in &st.pods {
+                rows.push([
+                    p.namespace.clone(),
+                    p.name.clone(),
+                    p.node.clone(),
+                    p.ip.to_string(),
+                    yes(p.ambient),
+                    yes(p.enrolled),
+                    yes(p.running),
+                ]);
+            }
+            table(&rows);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+pub fn exec(args: ExecArgs) -> ExitCode {
+    let run = RunDir::new(&args.run.run_dir);
+    let mut cmd = match ambit_mesh::exec::command(&run, &args.pod, &args.command, &base_env()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ambit exec: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cmd.status() {
+        Ok(s) => match s.code() {
+            Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+            None => ExitCode::from(128),
+        },
+        Err(e) => {
+            eprintln!(
+                "ambit exec: {}: {e}",
+                args.command.first().map(String::as_str).unwrap_or_default()
+            );
+            ExitCode::from(127)
+        }
+    }
+}

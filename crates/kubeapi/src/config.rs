@@ -1,0 +1,594 @@
+//! Where the API server is and how to authenticate to it: the in-cluster service account or a
+//! kubeconfig file. This module never reads the environment itself; the caller passes a
+//! variable lookup (see [`KubeConfig::in_cluster`]), as every ambit library does.
+//!
+//! Supported: `https://` (CA from `certificate-authority-data` or `certificate-authority`,
+//! optional `tls-server-name`) and plain `http://` (e.g. `kubectl proxy`); bearer tokens
+//! (`token`, `tokenFile`, the service-account token file, which is re-read as the kubelet
+//! rotates it) or no credentials. Client certificates, `exec` and `auth-provider` plugins,
+//! basic auth and `insecure-skip-tls-verify` are reported as [`ConfigError::Unsupported`]
+//! instead of being silently ignored.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The service-account directory mounted into every pod.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// Why no usable configuration could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0} is not set (not running in a pod?)")]
+    MissingVar(&'static str),
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("kubeconfig {file}: {reason}")]
+    Kubeconfig { file: String, reason: String },
+    #[error("kubeconfig {file}: {what} is not supported by ambit's Kubernetes client")]
+    Unsupported { file: String, what: String },
+    #[error("invalid API server URL {url:?}: {reason}")]
+    Url { url: String, reason: &'static str },
+    #[error("https server {url} needs a certificate authority (certificate-authority[-data])")]
+    NoCa { url: String },
+    #[error("building the TLS configuration")]
+    Tls(#[source] ambit_tls::ConfigError),
+}
+
+/// `http` or `https`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+/// A parsed API server URL: `scheme://host[:port][/base-path]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerUrl {
+    pub scheme: Scheme,
+    /// Host name or IP literal, without IPv6 brackets.
+    pub host: String,
+    pub port: u16,
+    /// Path prefix before `/api` (usually empty), without a trailing `/`.
+    pub base_path: String,
+}
+
+impl ServerUrl {
+    pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        let bad = |reason| ConfigError::Url {
+            url: url.to_string(),
+            reason,
+        };
+        let (scheme, rest) = if let Some(rest) = url.strip_prefix("https://") {
+            (Scheme::Https, rest)
+        } else if let Some(rest) = url.strip_prefix("http://") {
+            (Scheme::Http, rest)
+        } else {
+            return Err(bad("the scheme must be http:// or https://"));
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        if authority.contains('@') {
+            return Err(bad("user info in the URL is not supported"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let end = v6
+                .find(']')
+                .ok_or_else(|| bad("unclosed '[' in the host"))?;
+            let port = match &v6[end + 1..] {
+                "" => None,
+                p => Some(p.strip_prefix(':').ok_or_else(|| bad("junk after ']'"))?),
+            };
+            (&v6[..end], port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("missing host"));
+        }
+        let port = match port {
+            Some(p) => p.parse().map_err(|_| bad("the port is not a number"))?,
+            None if scheme == Scheme::Https => 443,
+            None => 80,
+        };
+        if path.contains(['?', '#']) {
+            return Err(bad("a query or fragment is not allowed"));
+        }
+        Ok(Self {
+            scheme,
+            host: host.to_string(),
+            port,
+            base_path: path.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// `host:port` as it goes in a `Host` header or an absolute URI.
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Display for ServerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = match self.scheme {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        };
+        write!(f, "{scheme}://{}{}", self.authority(), self.base_path)
+    }
+}
+
+/// How requests authenticate.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// No credentials (a `kubectl proxy`, tests).
+    None,
+    /// A fixed bearer token.
+    Token(String),
+    /// A bearer token read from a file, re-read periodically (projected service-account
+    /// tokens are rotated by the kubelet).
+    TokenFile(PathBuf),
+}
+
+impl fmt::Debug for Auth {
+    // Never print the token itself.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Auth::None => f.write_str("None"),
+            Auth::Token(_) => f.write_str("Token(<redacted>)"),
+            Auth::TokenFile(p) => f.debug_tuple("TokenFile").field(p).finish(),
+        }
+    }
+}
+
+/// Everything the client needs to reach the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeConfig {
+    pub server: ServerUrl,
+    /// PEM roots for `https`.
+    pub ca_pem: Option<String>,
+    /// Name to verify the server certificate against instead of the URL's host.
+    pub tls_server_name: Option<String>,
+    pub auth: Auth,
+}
+
+impl KubeConfig {
+    /// A config for `url` with no CA and no credentials (plain HTTP servers, tests).
+    pub fn for_url(url: &str) -> Result<Self, ConfigError> {
+        Ok(Self {
+            server: ServerUrl::parse(url)?,
+            ca_pem: None,
+            tls_server_name: None,
+            auth: Auth::None,
+        })
+    }
+
+    /// The in-cluster config: `KUBERNETES_SERVICE_HOST` / `KUBERNETES_SERVICE_PORT` from
+    /// `var`, the CA `ca.crt` and token file `token` from `sa_dir` (normally
+    /// [`SERVICE_ACCOUNT_DIR`]). The token file is re-read by the client, not here.
+    pub fn in_cluster(
+        var: impl Fn(&str) -> Option<String>,
+        sa_dir: &Path,
+    ) -> Result<Self, ConfigError> {
+        let get = |name: &'static str| {
+            var(name)
+                .filter(|v| !v.is_empty())
+                .ok_or(ConfigError::MissingVar(name))
+        };
+        let host = get("KUBERNETES_SERVICE_HOST")?;
+        let port = get("KUBERNETES_SERVICE_PORT")?;
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let server = ServerUrl::parse(&format!("https://{host}:{port}"))?;
+        let ca_path = sa_dir.join("ca.crt");
+        let ca_pem = std::fs::read_to_string(&ca_path).map_err(|source| ConfigError::Read {
+            path: ca_path,
+            source,
+        })?;
+        Ok(Self {
+            server,
+            ca_pem: Some(ca_pem),
+            tls_server_name: None,
+            auth: Auth::TokenFile(sa_dir.join("token")),
+        })
+    }
+
+    /// Reads a kubeconfig file and uses its `current-context`.
+    pub fn from_kubeconfig_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        Self::from_kubeconfig(&path.display().to_string(), &text, dir)
+    }
+
+    /// Parses kubeconfig `text` (named `file` in errors); relative file references are
+    /// resolved against `dir`, as kubectl does.
+    pub fn from_kubeconfig(file: &str, text: &str, dir: &Path) -> Result<Self, ConfigError> {
+        let err = |reason: String| ConfigError::Kubeconfig {
+            file: file.to_string(),
+            reason,
+        };
+        let unsupported = |what: &str| ConfigError::Unsupported {
+            file: file.to_string(),
+            what: what.to_string(),
+        };
+        let kc: Kubeconfig = serde_norway::from_str(text).map_err(|e| err(e.to_string()))?;
+        let context_name = kc
+            .current_context
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| err("no current-context".into()))?;
+        let context = kc
+            .contexts
+            .iter()
+            .find(|c| c.name == context_name)
+            .map(|c| &c.context)
+            .ok_or_else(|| err(format!("context {context_name:?} not found")))?;
+        let cluster = kc
+            .clusters
+            .iter()
+            .find(|c| c.name == context.cluster)
+            .map(|c| &c.cluster)
+            .ok_or_else(|| err(format!("cluster {:?} not found", context.cluster)))?;
+        let server = ServerUrl::parse(&cluster.server)?;
+        if cluster.insecure_skip_tls_verify {
+            return Err(unsupported("insecure-skip-tls-verify"));
+        }
+        if cluster.proxy_url.is_some() {
+            return Err(unsupported("proxy-url"));
+        }
+        let resolve = |p: &str| {
+            let p = Path::new(p);
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                dir.join(p)
+            }
+        };
+        let ca_pem = match (
+            &cluster.certificate_authority_data,
+            &cluster.certificate_authority,
+        ) {
+            (Some(data), _) => {
+                let der = base64_decode(data)
+                    .ok_or_else(|| err("certificate-authority-data is not base64".into()))?;
+                Some(
+                    String::from_utf8(der)
+                        .map_err(|_| err("certificate-authority-data is not PEM text".into()))?,
+                )
+            }
+            (None, Some(path)) => {
+                let path = resolve(path);
+                Some(
+                    std::fs::read_to_string(&path)
+                        .map_err(|source| ConfigError::Read { path, source })?,
+                )
+            }
+            (None, None) => None,
+        };
+        let auth = match context.user.as_deref().filter(|u| !u.is_empty()) {
+            None => Auth::None,
+            Some(user_name) => {
+                let user = kc
+                    .users
+                    .iter()
+                    .find(|u| u.name == user_name)
+                    .map(|u| &u.user)
+                    .ok_or_else(|| err(format!("user {user_name:?} not found")))?;
+                let others = [
+                    (
+                        "client certificates",
+                        user.client_certificate_data.is_some(),
+                    ),
+                    ("client certificates", user.client_certificate.is_some()),
+                    ("client keys", user.client_key_data.is_some()),
+                    ("client keys", user.client_key.is_some()),
+                    ("exec credential plugins", user.exec.is_some()),
+                    ("auth-provider plugins", user.auth_provider.is_some()),
+                    ("basic auth (username/password)", user.username.is_some()),
+                    ("impersonation (as)", user.impersonate.is_some()),
+                ];
+                if let Some((what, _)) = others.iter().find(|(_, present)| *present) {
+                    return Err(unsupported(what));
+                }
+                match (&user.token, &user.token_file) {
+                    (Some(t), _) if !t.is_empty() => Auth::Token(t.clone()),
+                    (_, Some(f)) if !f.is_empty() => Auth::TokenFile(resolve(f)),
+                    _ => Auth::None,
+                }
+            }
+        };
+        Ok(Self {
+            server,
+            ca_pem,
+            tls_server_name: cluster.tls_server_name.clone().filter(|n| !n.is_empty()),
+            auth,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct Kubeconfig {
+    #[serde(default)]
+    current_context: Option<String>,
+    #[serde(default)]
+    clusters: Vec<Named<ClusterEntry>>,
+    #[serde(default)]
+    contexts: Vec<NamedContext>,
+    #[serde(default)]
+    users: Vec<NamedUser>,
+}
+
+#[derive(Deserialize)]
+struct Named<T> {
+    name: String,
+    cluster: T,
+}
+
+#[derive(Deserialize)]
+struct NamedContext {
+    name: String,
+    context: ContextEntry,
+}
+
+#[derive(Deserialize)]
+struct NamedUser {
+    name: String,
+    #[serde(default)]
+    user: UserEntry,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct ClusterEntry {
+    server: String,
+    #[serde(default)]
+    certificate_authority_data: Option<String>,
+    #[serde(default)]
+    certificate_authority: Option<String>,
+    #[serde(default)]
+    tls_server_name: Option<String>,
+    #[serde(default)]
+    insecure_skip_tls_verify: bool,
+    #[serde(default)]
+    proxy_url: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ContextEntry {
+    cluster: String,
+    #[serde(default)]
+    user: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct UserEntry {
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default, rename = "tokenFile")]
+    token_file: Option<String>,
+    #[serde(default)]
+    client_certificate_data: Option<String>,
+    #[serde(default)]
+    client_certificate: Option<String>,
+    #[serde(default)]
+    client_key_data: Option<String>,
+    #[serde(default)]
+    client_key: Option<String>,
+    #[serde(default)]
+    exec: Option<serde_norway::Value>,
+    #[serde(default)]
+    auth_provider: Option<serde_norway::Value>,
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default, rename = "as")]
+    impersonate: Option<String>,
+}
+
+/// Standard base64 (padding optional, whitespace ignored); `None` on any other character.
+/// Small enough to not warrant a dependency.
+pub(crate) fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    fn value(c: u8) -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    }
+    let digits: Vec<u8> = text.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
+    let digits = match digits.iter().position(|&c| c == b'=') {
+        Some(i) if digits[i..].iter().all(|&c| c == b'=') && digits[i..].len() <= 2 => &digits[..i],
+        Some(_) => return None,
+        None => &digits[..],
+    };
+    if digits.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
+    for chunk in digits.chunks(4) {
+        let mut acc = 0u32;
+        for &c in chunk {
+            acc = (acc << 6) | value(c)?;
+        }
+        acc <<= 6 * (4 - chunk.len() as u32);
+        let bytes = acc.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let cases = [
+            ("https://10.96.0.1:443", Scheme::Https, "10.96.0.1", 443, ""),
+            ("https://api.example", Scheme::Https, "api.example", 443, ""),
+            (
+                "http://127.0.0.1:8001/",
+                Scheme::Http,
+                "127.0.0.1",
+                8001,
+                "",
+            ),
+            (
+                "https://[fd00::1]:6443/k8s/",
+                Scheme::Https,
+                "fd00::1",
+                6443,
+                "/k8s",
+            ),
+        ];
+        for (url, scheme, host, port, base) in cases {
+            let u = ServerUrl::parse(url).unwrap();
+            assert_eq!(
+                (u.scheme, u.host.as_str(), u.port, u.base_path.as_str()),
+                (scheme, host, port, base),
+                "{url}"
+            );
+        }
+        for bad in [
+            "ftp://x",
+            "https://",
+            "https://h:port",
+            "https://[::1",
+            "https://h/?q",
+        ] {
+            assert!(ServerUrl::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            ServerUrl::parse("https://[fd00::1]:6443")
+                .unwrap()
+                .to_string(),
+            "https://[fd00::1]:6443"
+        );
+    }
+
+    #[test]
+    fn base64() {
+        for (text, bytes) in [
+            ("", &b""[..]),
+            ("Zg==", b"f"),
+            ("Zm8=", b"fo"),
+            ("Zm9v", b"foo"),
+            ("Zm9v\nYmE=", b"fooba"),
+        ] {
+            assert_eq!(base64_decode(text).as_deref(), Some(bytes), "{text}");
+        }
+        for bad in ["Z", "Zg=a", "Z!==", "Zg==="] {
+            assert_eq!(base64_decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn in_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.crt"), "PEM").unwrap();
+        let vars = |k: &str| match k {
+            "KUBERNETES_SERVICE_HOST" => Some("fd00::1".to_string()),
+            "KUBERNETES_SERVICE_PORT" => Some("443".to_string()),
+            _ => None,
+        };
+        let c = KubeConfig::in_cluster(vars, dir.path()).unwrap();
+        assert_eq!(c.server.to_string(), "https://[fd00::1]:443");
+        assert_eq!(c.ca_pem.as_deref(), Some("PEM"));
+        assert_eq!(c.auth, Auth::TokenFile(dir.path().join("token")));
+        let err = KubeConfig::in_cluster(|_| None, dir.path()).unwrap_err();
+        assert!(matches!(
+            err,
+            ConfigError::MissingVar("KUBERNETES_SERVICE_HOST")
+        ));
+    }
+
+    const KUBECONFIG: &str = r#"
+apiVersion: v1
+kind: Config
+current-context: main
+clusters:
+- name: c1
+  cluster:
+    server: https://127.0.0.1:6443
+    certificate-authority-data: UEVN
+    tls-server-name: kubernetes
+contexts:
+- name: main
+  context: {cluster: c1, user: u1, namespace: default}
+users:
+- name: u1
+  user: {token: secret}
+"#;
+
+    #[test]
+    fn kubeconfig_token() {
+        let c = KubeConfig::from_kubeconfig("kc", KUBECONFIG, Path::new("/etc")).unwrap();
+        assert_eq!(c.server.to_string(), "https://127.0.0.1:6443");
+        assert_eq!(c.ca_pem.as_deref(), Some("PEM"));
+        assert_eq!(c.tls_server_name.as_deref(), Some("kubernetes"));
+        assert_eq!(c.auth, Auth::Token("secret".into()));
+        assert_eq!(format!("{:?}", c.auth), "Token(<redacted>)");
+    }
+
+    #[test]
+    fn kubeconfig_unsupported_auth_is_reported() {
+        let cases = [
+            (
+                "user: {token: secret}",
+                "user: {client-certificate-data: QQ==, client-key-data: QQ==}",
+                "client certificates",
+            ),
+            (
+                "user: {token: secret}",
+                "user: {exec: {command: aws}}",
+                "exec credential plugins",
+            ),
+            ("user: {token: secret}", "user: {tokenFile: tok}", ""),
+            (
+                "tls-server-name: kubernetes",
+                "insecure-skip-tls-verify: true",
+                "insecure-skip-tls-verify",
+            ),
+        ];
+        for (from, to, what) in cases {
+            let text = KUBECONFIG.replace(from, to);
+            let result = KubeConfig::from_kubeconfig("kc", &text, Path::new("/etc"));
+            match result {
+                Err(ConfigError::Unsupported { what: w, .. }) => assert_eq!(w, what),
+                Ok(c) => {
+                    assert_eq!(what, "");
+                    assert_eq!(c.auth, Auth::TokenFile(PathBuf::from("/etc/tok")));
+                }
+                Err(e) => panic!("{to}: {e}"),
+            }
+        }
+        let missing = KUBECONFIG.replace("current-context: main", "current-context: other");
+        assert!(matches!(
+            KubeConfig::from_kubeconfig("kc", &missing, Path::new("/")),
+            Err(ConfigError::Kubeconfig { .. })
+        ));
+    }
+}

@@ -1,0 +1,866 @@
+//! A fake API server for tests of this and other crates: real HTTP (HTTP/1.1, or HTTP/2 over
+//! TLS) on `127.0.0.1:0`, speaking the JSON shapes of the real one.
+//!
+//! - Collections are addressed by their cluster-wide path (`/api/v1/pods`,
+//!   `/apis/security.istio.io/v1/authorizationpolicies`); namespaced paths
+//!   (`/api/v1/namespaces/ns/pods[/name[/status]]`) reach the same objects.
+//! - `GET` lists (`{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[…]}`, items
+//!   without `kind`/`apiVersion` as the real server sends them), gets one object, or with
+//!   `watch=true` streams `{"type":…,"object":…}` lines from `resourceVersion` on (an `ERROR`
+//!   event with a 410 `Status` when that version was compacted away). `fieldSelector`
+//!   equality (`a.b=c`, `a.b!=c`, comma-separated) is honoured.
+//! - `PATCH` with `application/merge-patch+json` applies RFC 7386 to the object, records the
+//!   request ([`FakeApiServer::patches`]) and emits `MODIFIED`.
+//! - The test changes objects with [`FakeApiServer::apply`] / [`FakeApiServer::delete`],
+//!   simulates lost history with [`FakeApiServer::lose_history`], and injects raw answers
+//!   with [`FakeApiServer::respond_once`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ambit_tls::ServerCertificate;
+use ambit_tls::tokio_rustls::TlsAcceptor;
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode, header};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::client::MERGE_PATCH;
+use crate::config::{Auth, KubeConfig, ServerUrl};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// The collections every fake server starts with: (path, kind, apiVersion, namespaced).
+pub const STANDARD_COLLECTIONS: [(&str, &str, &str, bool); 5] = [
+    ("/api/v1/namespaces", "Namespace", "v1", false),
+    ("/api/v1/pods", "Pod", "v1", true),
+    ("/api/v1/services", "Service", "v1", true),
+    (
+        "/apis/security.istio.io/v1/peerauthentications",
+        "PeerAuthentication",
+        "security.istio.io/v1",
+        true,
+    ),
+    (
+        "/apis/security.istio.io/v1/authorizationpolicies",
+        "AuthorizationPolicy",
+        "security.istio.io/v1",
+        true,
+    ),
+];
+
+/// A `PATCH` the server received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedPatch {
+    pub path: String,
+    pub content_type: String,
+    /// The body as sent (kept even when it is not JSON).
+    pub body: String,
+}
+
+/// Any request the server received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRequest {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub authorization: Option<String>,
+}
+
+/// Which requests a [`FakeApiServer::respond_once`] answer replaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    List(String),
+    Watch(String),
+    Patch(String),
+}
+
+#[derive(Debug)]
+struct Collection {
+    kind: String,
+    api_version: String,
+    namespaced: bool,
+    objects: BTreeMap<(String, String), Value>,
+}
+
+#[derive(Debug)]
+struct Logged {
+    rv: u64,
+    collection: String,
+    kind: &'static str,
+    object: Value,
+}
+
+/// The server's objects and history; [`FakeApiServer::lose_history`] hands it to a closure.
+#[derive(Debug)]
+pub struct FakeState {
+    rv: u64,
+    /// Watches from a version below this get 410.
+    compacted: u64,
+    /// Bumped to end every open watch.
+    generation: u64,
+    collections: BTreeMap<String, Collection>,
+    log: Vec<Logged>,
+    patches: Vec<RecordedPatch>,
+    requests: Vec<RecordedRequest>,
+    overrides: VecDeque<(Route, u16, String)>,
+}
+
+impl FakeState {
+    fn new() -> Self {
+        let mut collections = BTreeMap::new();
+        for (path, kind, api_version, namespaced) in STANDARD_COLLECTIONS {
+            collections.insert(
+                path.to_string(),
+                Collection {
+                    kind: kind.into(),
+                    api_version: api_version.into(),
+                    namespaced,
+                    objects: BTreeMap::new(),
+                },
+            );
+        }
+        Self {
+            rv: 1,
+            compacted: 0,
+            generation: 0,
+            collections,
+            log: Vec::new(),
+            patches: Vec::new(),
+            requests: Vec::new(),
+            overrides: VecDeque::new(),
+        }
+    }
+
+    /// Creates or replaces an object of `collection` (a cluster-wide path); sets its
+    /// `resourceVersion`, a `uid` when missing, and `default` namespace for namespaced kinds.
+    /// Returns the stored object.
+    ///
+    /// # Panics
+    /// On an unknown collection or an object without `metadata.name` (test bugs).
+    pub fn apply(&mut self, collection: &str, mut object: Value) -> Value {
+        let coll = self
+            .collections
+            .get(collection)
+            .unwrap_or_else(|| panic!("unknown collection {collection}"));
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("object without metadata.name: {object}"))
+            .to_string();
+        let namespace = if coll.namespaced {
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string()
+        } else {
+            String::new()
+        };
+        if coll.namespaced {
+            object["metadata"]["namespace"] = json!(namespace);
+        }
+        object["kind"] = json!(coll.kind);
+        object["apiVersion"] = json!(coll.api_version);
+        let key = (namespace, name);
+        let existed = coll.objects.get(&key);
+        if object["metadata"]["uid"].as_str().is_none() {
+            let uid = existed
+                .and_then(|o| o["metadata"]["uid"].as_str().map(str::to_string))
+                .unwrap_or_else(|| format!("uid-{}-{}-{}", key.0, key.1, self.rv + 1));
+            object["metadata"]["uid"] = json!(uid);
+        }
+        let kind = if existed.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.store(collection, key, object, kind)
+    }
+
+    /// Deletes an object; returns its last state.
+    pub fn delete(&mut self, collection: &str, namespace: &str, name: &str) -> Option<Value> {
+        let coll = self.collections.get_mut(collection)?;
+        let mut object = coll
+            .objects
+            .remove(&(namespace.to_string(), name.to_string()))?;
+        self.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.log.push(Logged {
+            rv: self.rv,
+            collection: collection.to_string(),
+            kind: "DELETED",
+            object: object.clone(),
+        });
+        Some(object)
+    }
+
+    fn store(
+        &mut self,
+        collection: &str,
+        key: (String, String),
+        mut object: Value,
+        kind: &'static str,
+    ) -> Value {
+        self.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.log.push(Logged {
+            rv: self.rv,
+            collection: collection.to_string(),
+            kind,
+            object: object.clone(),
+        });
+        if let Some(coll) = self.collections.get_mut(collection) {
+            coll.objects.insert(key, object.clone());
+        }
+        object
+    }
+}
+
+struct Shared {
+    state: Mutex<FakeState>,
+    changed: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, FakeState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A running fake API server; stops when dropped.
+pub struct FakeApiServer {
+    addr: SocketAddr,
+    tls: bool,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for FakeApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeApiServer")
+            .field("addr", &self.addr)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FakeApiServer {
+    /// Plain HTTP/1.1 on `127.0.0.1:0`.
+    pub async fn start() -> std::io::Result<Self> {
+        Self::start_inner(None).await
+    }
+
+    /// TLS (ALPN `h2`, served as HTTP/2) with `cert`.
+    pub async fn start_tls(cert: &ServerCertificate) -> Result<Self, ambit_tls::ConfigError> {
+        let config = ambit_tls::server_config_plain(cert)?;
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        // Binding a loopback port only fails when the machine is out of ports; a test bug.
+        Ok(Self::start_inner(Some(acceptor))
+            .await
+            .unwrap_or_else(|e| panic!("binding the fake API server: {e}")))
+    }
+
+    async fn start_inner(tls: Option<TlsAcceptor>) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(FakeState::new()),
+            changed: Notify::new(),
+        });
+        let is_tls = tls.is_some();
+        let task = tokio::spawn(serve(listener, tls, shared.clone()));
+        Ok(Self {
+            addr,
+            tls: is_tls,
+            shared,
+            task,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:port` (or `https://`).
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// A client config for this server (no CA, no credentials: set them for TLS / auth).
+    pub fn config(&self) -> KubeConfig {
+        KubeConfig {
+            server: ServerUrl::parse(&self.url())
+                .unwrap_or_else(|e| panic!("fake server URL: {e}")),
+            ca_pem: None,
+            tls_server_name: None,
+            auth: Auth::None,
+        }
+    }
+
+    /// See [`FakeState::apply`].
+    pub fn apply(&self, collection: &str, object: Value) -> Value {
+        let out = self.shared.lock().apply(collection, object);
+        self.shared.changed.notify_waiters();
+        out
+    }
+
+    /// See [`FakeState::delete`].
+    pub fn delete(&self, collection: &str, namespace: &str, name: &str) -> Option<Value> {
+        let out = self.shared.lock().delete(collection, namespace, name);
+        self.shared.changed.notify_waiters();
+        out
+    }
+
+    /// The stored object.
+    pub fn object(&self, collection: &str, namespace: &str, name: &str) -> Option<Value> {
+        self.shared
+            .lock()
+            .collections
+            .get(collection)?
+            .objects
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Runs `changes` while no watcher can see them, then forgets the history: every open
+    /// watch ends, and resuming from an older resource version gets 410 Gone, so clients
+    /// must relist to learn what `changes` did (as after an etcd compaction).
+    pub fn lose_history<R>(&self, changes: impl FnOnce(&mut FakeState) -> R) -> R {
+        let out = {
+            let mut st = self.shared.lock();
+            let out = changes(&mut st);
+            st.generation += 1;
+            st.compacted = st.rv;
+            st.log.clear();
+            out
+        };
+        self.shared.changed.notify_waiters();
+        out
+    }
+
+    /// Ends every open watch (clients resume from their last resource version).
+    pub fn disconnect_watches(&self) {
+        self.shared.lock().generation += 1;
+        self.shared.changed.notify_waiters();
+    }
+
+    /// The next request matching `route` gets `status` with `body` (as-is, JSON or not).
+    pub fn respond_once(&self, route: Route, status: u16, body: impl Into<String>) {
+        self.shared
+            .lock()
+            .overrides
+            .push_back((route, status, body.into()));
+    }
+
+    /// Every `PATCH` so far.
+    pub fn patches(&self) -> Vec<RecordedPatch> {
+        self.shared.lock().patches.clone()
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.lock().requests.clone()
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, shared: Arc<Shared>) {
+    // Connections are owned by this task: aborting it drops the set, which aborts them.
+    let mut conns = JoinSet::new();
+    loop {
+        let (tcp, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(_) => continue,
+            },
+            Some(_) = conns.join_next() => continue,
+        };
+        let shared = shared.clone();
+        let tls = tls.clone();
+        conns.spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+            });
+            match tls {
+                None => {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                }
+                Some(acceptor) => {
+                    let Ok(stream) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                }
+            }
+        });
+    }
+}
+
+fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut response = Response::new(Full::new(body.into()).boxed());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    full(
+        code,
+        status_json(code.as_u16(), reason, message).to_string(),
+    )
+}
+
+fn status_json(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code,
+    })
+}
+
+/// A parsed request path.
+struct Target {
+    collection: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn parse_target(path: &str) -> Option<Target> {
+    let (prefix, rest) = if let Some(rest) = path.strip_prefix("/api/v1/") {
+        ("/api/v1".to_string(), rest)
+    } else {
+        let rest = path.strip_prefix("/apis/")?;
+        let mut parts = rest.splitn(3, '/');
+        let (group, version, rest) = (parts.next()?, parts.next()?, parts.next()?);
+        (format!("/apis/{group}/{version}"), rest)
+    };
+    let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let (namespace, segs) = match segs.as_slice() {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        all => (None, all),
+    };
+    let (plural, name, sub) = match segs {
+        [plural] => (plural, None, None),
+        [plural, name] => (plural, Some(name), None),
+        [plural, name, sub] => (plural, Some(name), Some(sub)),
+        _ => return None,
+    };
+    Some(Target {
+        collection: format!("{prefix}/{plural}"),
+        namespace,
+        name: name.map(|n| n.to_string()),
+        subresource: sub.map(|s| s.to_string()),
+    })
+}
+
+fn query_param(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `a.b=c,d!=e` against an object.
+fn selector_matches(selector: &str, object: &Value) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let (path, want, equal) = match term.split_once("!=") {
+            Some((p, v)) => (p, v, false),
+            None => match term.split_once("==").or_else(|| term.split_once('=')) {
+                Some((p, v)) => (p, v, true),
+                None => return false,
+            },
+        };
+        let mut value = object;
+        for part in path.split('.') {
+            value = &value[part];
+        }
+        let have = match value {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        (have == want) == equal
+    })
+}
+
+fn in_scope(target: &Target, selector: Option<&str>, object: &Value) -> bool {
+    let ns_ok = match &target.namespace {
+        Some(ns) => object["metadata"]["namespace"].as_str() == Some(ns.as_str()),
+        None => true,
+    };
+    ns_ok && selector.is_none_or(|s| selector_matches(s, object))
+}
+
+/// RFC 7386.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Default::default());
+    }
+    if let Value::Object(map) = target {
+        for (k, v) in patch {
+            if v.is_null() {
+                map.remove(k);
+            } else {
+                merge_patch(map.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+    }
+}
+
+async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let header_text = |name| {
+        req.headers()
+            .get(name)
+            .and_then(|v: &header::HeaderValue| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let authorization = header_text(header::AUTHORIZATION);
+    let content_type = header_text(header::CONTENT_TYPE).unwrap_or_default();
+    let watch = query_param(&query, "watch").as_deref() == Some("true");
+    let route = match (&method, watch) {
+        (&Method::GET, true) => Route::Watch(path.clone()),
+        (&Method::GET, false) => Route::List(path.clone()),
+        _ => Route::Patch(path.clone()),
+    };
+    let injected = {
+        let mut st = shared.lock();
+        st.requests.push(RecordedRequest {
+            method: method.to_string(),
+            path: path.clone(),
+            query: query.clone(),
+            authorization,
+        });
+        let at = st.overrides.iter().position(|(r, _, _)| *r == route);
+        at.and_then(|i| st.overrides.remove(i))
+    };
+    if let Some((_, code, body)) = injected {
+        return full(
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            body,
+        );
+    }
+    let Some(target) = parse_target(&path) else {
+        return status(StatusCode::NOT_FOUND, "NotFound", "no such path");
+    };
+    let selector = query_param(&query, "fieldSelector");
+    match method {
+        Method::GET if watch => {
+            let from = query_param(&query, "resourceVersion").unwrap_or_default();
+            watch_response(shared, target, selector, &from)
+        }
+        Method::GET => get(shared, &target, selector.as_deref()),
+        Method::PATCH => {
+            let body = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "body"),
+            };
+            patch(shared, &target, &path, &content_type, &body)
+        }
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the fake supports GET and PATCH",
+        ),
+    }
+}
+
+fn get(shared: &Shared, target: &Target, selector: Option<&str>) -> Response<Body> {
+    let st = shared.lock();
+    let Some(coll) = st.collections.get(&target.collection) else {
+        return status(StatusCode::NOT_FOUND, "NotFound", "unknown resource");
+    };
+    if let Some(name) = &target.name {
+        let key = (target.namespace.clone().unwrap_or_default(), name.clone());
+        return match coll.objects.get(&key) {
+            Some(o) => full(StatusCode::OK, o.to_string()),
+            None => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("{name} not found"),
+            ),
+        };
+    }
+    let items: Vec<Value> = coll
+        .objects
+        .values()
+        .filter(|o| in_scope(target, selector, o))
+        .map(|o| {
+            // Items of a typed list carry no kind/apiVersion.
+            let mut o = o.clone();
+            if let Value::Object(map) = &mut o {
+                map.remove("kind");
+                map.remove("apiVersion");
+            }
+            o
+        })
+        .collect();
+    let list = json!({
+        "kind": format!("{}List", coll.kind),
+        "apiVersion": coll.api_version,
+        "metadata": {"resourceVersion": st.rv.to_string()},
+        "items": items,
+    });
+    full(StatusCode::OK, list.to_string())
+}
+
+fn patch(
+    shared: &Shared,
+    target: &Target,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Response<Body> {
+    let response = {
+        let mut st = shared.lock();
+        st.patches.push(RecordedPatch {
+            path: path.to_string(),
+            content_type: content_type.to_string(),
+            body: String::from_utf8_lossy(body).into_owned(),
+        });
+        if content_type != MERGE_PATCH {
+            return status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                "the fake accepts merge patches only",
+            );
+        }
+        let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+            return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+        };
+        let (Some(name), None | Some("status")) = (&target.name, target.subresource.as_deref())
+        else {
+            return status(StatusCode::NOT_FOUND, "NotFound", "not an object path");
+        };
+        let key = (target.namespace.clone().unwrap_or_default(), name.clone());
+        let Some(mut object) = st
+            .collections
+            .get(&target.collection)
+            .and_then(|c| c.objects.get(&key))
+            .cloned()
+        else {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("{name} not found"),
+            );
+        };
+        merge_patch(&mut object, &patch);
+        let stored = st.store(&target.collection, key, object, "MODIFIED");
+        full(StatusCode::OK, stored.to_string())
+    };
+    shared.changed.notify_waiters();
+    response
+}
+
+struct WatchState {
+    shared: Arc<Shared>,
+    target: Target,
+    selector: Option<String>,
+    generation: u64,
+    rv: u64,
+    lines: VecDeque<Bytes>,
+    ended: bool,
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+fn watch_response(
+    shared: &Arc<Shared>,
+    target: Target,
+    selector: Option<String>,
+    from: &str,
+) -> Response<Body> {
+    let mut state = {
+        let st = shared.lock();
+        if !st.collections.contains_key(&target.collection) {
+            return status(StatusCode::NOT_FOUND, "NotFound", "unknown resource");
+        }
+        WatchState {
+            shared: shared.clone(),
+            generation: st.generation,
+            rv: st.rv,
+            lines: VecDeque::new(),
+            ended: false,
+            target,
+            selector,
+        }
+    };
+    match from.parse::<u64>() {
+        // "" / "0": the current objects as ADDED, then changes.
+        Err(_) | Ok(0) => {
+            let st = shared.lock();
+            if let Some(coll) = st.collections.get(&state.target.collection) {
+                for o in coll.objects.values() {
+                    if in_scope(&state.target, state.selector.as_deref(), o) {
+                        state.lines.push_back(event_line("ADDED", o));
+                    }
+                }
+            }
+        }
+        Ok(rv) if rv < shared.lock().compacted => {
+            let message = format!("too old resource version: {rv}");
+            let event = status_json(410, "Expired", &message);
+            state.lines.push_back(event_line("ERROR", &event));
+            state.ended = true;
+        }
+        Ok(rv) => state.rv = rv,
+    }
+    let stream = futures_util::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(line) = st.lines.pop_front() {
+                return Some((Ok::<_, Infallible>(Frame::data(line)), st));
+            }
+            if st.ended {
+                return None;
+            }
+            let shared = st.shared.clone();
+            let notified = shared.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let state = shared.lock();
+                if state.generation != st.generation {
+                    return None;
+                }
+                for e in state.log.iter().filter(|e| e.rv > st.rv) {
+                    if e.collection == st.target.collection
+                        && in_scope(&st.target, st.selector.as_deref(), &e.object)
+                    {
+                        st.lines.push_back(event_line(e.kind, &e.object));
+                    }
+                }
+                st.rv = state.rv;
+            }
+            if st.lines.is_empty() {
+                notified.await;
+            }
+        }
+    });
+    let mut response = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        let cases = [
+            ("/api/v1/pods", "/api/v1/pods", None, None, None),
+            ("/api/v1/namespaces", "/api/v1/namespaces", None, None, None),
+            (
+                "/api/v1/namespaces/a",
+                "/api/v1/namespaces",
+                None,
+                Some("a"),
+                None,
+            ),
+            (
+                "/api/v1/namespaces/a/pods/p/status",
+                "/api/v1/pods",
+                Some("a"),
+                Some("p"),
+                Some("status"),
+            ),
+            (
+                "/apis/security.istio.io/v1/namespaces/a/authorizationpolicies",
+                "/apis/security.istio.io/v1/authorizationpolicies",
+                Some("a"),
+                None,
+                None,
+            ),
+        ];
+        for (path, coll, ns, name, sub) in cases {
+            let t = parse_target(path).unwrap();
+            assert_eq!(
+                (
+                    t.collection.as_str(),
+                    t.namespace.as_deref(),
+                    t.name.as_deref(),
+                    t.subresource.as_deref()
+                ),
+                (coll, ns, name, sub),
+                "{path}"
+            );
+        }
+        assert!(parse_target("/healthz").is_none());
+    }
+
+    #[test]
+    fn selectors_and_patches() {
+        let pod = json!({"spec": {"nodeName": "n1"}, "metadata": {"name": "p"}});
+        assert!(selector_matches("spec.nodeName=n1", &pod));
+        assert!(selector_matches("spec.nodeName==n1,metadata.name=p", &pod));
+        assert!(!selector_matches("spec.nodeName!=n1", &pod));
+        assert!(!selector_matches("spec.nodeName=n2", &pod));
+        assert_eq!(
+            percent_decode("spec.nodeName%3Dn1%2Cx"),
+            "spec.nodeName=n1,x"
+        );
+        let mut obj = json!({"a": {"b": 1, "c": 2}, "d": 3});
+        merge_patch(&mut obj, &json!({"a": {"b": null, "e": 4}, "d": [1]}));
+        assert_eq!(obj, json!({"a": {"c": 2, "e": 4}, "d": [1]}));
+    }
+}

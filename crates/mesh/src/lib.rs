@@ -1,0 +1,39 @@
+//! The embedded mesh (`ambit up`, `design.md` §3): a whole ambient mesh on one Linux machine
+//! from a directory of Kubernetes manifests. Nodes and pods are network namespaces
+//! (`ambit-topology`); the control plane, and per node a CNI agent and a shared-mode
+//! ztunnel, run as separate `ambit` processes talking their production protocols; every pod
+//! is created through the CNI plugin executable, then runs its first container's command as
+//! a real process inside its namespace. Nothing is short-circuited in-process.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`manifests`] | loading and checking the user's documents; the generated manifests |
+//! | [`state`] | the run directory and `state.json` (prefix, processes, nodes, pods) |
+//! | [`process`] | starting children in their own process group, pid identity, stopping |
+//! | [`up`] | [`Mesh`]: bring-up step by step, teardown on shutdown or drop |
+//! | [`down`] | removal from the run directory alone (also after the orchestrator died) |
+//! | [`status`] | recorded state + live readiness and certificates |
+//! | [`exec`] | a command inside a pod's netns with its env |
+//! | `probe` | TCP/HTTP from inside a namespace |
+//!
+//! Layout of a run directory: `state.json`; `manifests/mesh.yaml` (what `ambit control`
+//! watches); `control/` (CA root); `tokens.yaml`; `nodes/NODE/{ztunnel.sock, cni/, pods/}`;
+//! `pods/NAME.NAMESPACE/` (a pod's working directory); `logs/` (kept after `down`).
+//!
+//! This crate touches `nix` only for signals to recorded pids; namespaces go through
+//! `ambit-netns` and `ambit-topology`.
+
+pub mod down;
+pub mod exec;
+pub mod manifests;
+mod probe;
+pub mod process;
+pub mod state;
+pub mod status;
+pub mod up;
+
+pub use down::{DownError, DownReport, down};
+pub use manifests::{ManifestError, Manifests};
+pub use state::{MeshState, RunDir};
+pub use status::{Status, status};
+pub use up::{Mesh, UpConfig, UpError};

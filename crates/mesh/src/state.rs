@@ -1,0 +1,218 @@
+//! The run directory: one place holding everything a mesh created outside its namespaces,
+//! and `state.json`, the record `ambit down` (or the next `up`) uses to remove a mesh whose
+//! orchestrator is gone.
+//!
+//! The state is written atomically (temp file + rename) before each thing it records is
+//! created — the prefix before the first namespace — and right after each process starts, so
+//! a SIGKILL at any point leaves a record at least as large as what exists.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Why the state could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a mesh state file: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The file names inside a run directory.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+impl RunDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn state(&self) -> PathBuf {
+        self.root.join("state.json")
+    }
+    /// The generated manifests the control plane watches.
+    pub fn manifests(&self) -> PathBuf {
+        self.root.join("manifests")
+    }
+    pub fn control(&self) -> PathBuf {
+        self.root.join("control")
+    }
+    pub fn tokens(&self) -> PathBuf {
+        self.root.join("tokens.yaml")
+    }
+    pub fn logs(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+    pub fn node(&self, node: &str) -> PathBuf {
+        self.root.join("nodes").join(node)
+    }
+    pub fn pod(&self, topology_name: &str) -> PathBuf {
+        self.root.join("pods").join(topology_name)
+    }
+    /// Everything `down` deletes (logs are kept for a post-mortem).
+    pub fn generated(&self) -> Vec<PathBuf> {
+        vec![
+            self.manifests(),
+            self.control(),
+            self.tokens(),
+            self.root.join("nodes"),
+            self.root.join("pods"),
+            self.state(),
+        ]
+    }
+
+    /// Reads `state.json`; `None` when there is none.
+    pub fn load(&self) -> Result<Option<MeshState>, StateError> {
+        let path = self.state();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(StateError::Io { path, source }),
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|source| StateError::Parse { path, source })
+    }
+
+    /// Writes `state.json` atomically.
+    pub fn save(&self, state: &MeshState) -> Result<(), StateError> {
+        let path = self.state();
+        let io = |source| StateError::Io {
+            path: path.clone(),
+            source,
+        };
+        let text = serde_json::to_vec_pretty(state).map_err(|source| StateError::Parse {
+            path: path.clone(),
+            source,
+        })?;
+        write_atomic(&path, &text).map_err(io)
+    }
+}
+
+/// Writes `path` through a temporary file in the same directory and a rename, so readers
+/// (the control plane's watcher, `ambit status`) never see half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Where a mesh is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Starting,
+    Ready,
+    Stopping,
+}
+
+/// What a process is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "kebab-case")]
+pub enum Role {
+    Orchestrator,
+    Control,
+    Agent { node: String },
+    Ztunnel { node: String },
+    Pod { namespace: String, name: String },
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Role::Orchestrator => f.write_str("orchestrator"),
+            Role::Control => f.write_str("control"),
+            Role::Agent { node } => write!(f, "cni-agent/{node}"),
+            Role::Ztunnel { node } => write!(f, "ztunnel/{node}"),
+            Role::Pod { namespace, name } => write!(f, "pod {namespace}/{name}"),
+        }
+    }
+}
+
+/// A process the mesh started. `start_time` (clock ticks since boot, from
+/// `/proc/PID/stat`) guards against killing an unrelated process that reused the pid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    #[serde(flatten)]
+    pub role: Role,
+    pub pid: u32,
+    pub start_time: u64,
+    /// Whether it leads its own process group (every child does; the orchestrator not).
+    pub group: bool,
+    pub log: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeState {
+    pub name: String,
+    pub ip: Ipv4Addr,
+    pub netns: PathBuf,
+    pub zds_socket: PathBuf,
+    pub agent_run_dir: PathBuf,
+    /// Agent health (`/healthz`, `/readyz`) inside the node netns.
+    pub agent_health: SocketAddr,
+    pub agent_metrics: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodState {
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+    pub ip: Ipv4Addr,
+    pub netns: PathBuf,
+    /// Selected by the enablement selectors.
+    pub ambient: bool,
+    /// CNI ADD succeeded and the pod is captured (only ambient pods).
+    pub enrolled: bool,
+    /// The CNI ADD succeeded (for every pod).
+    pub created: bool,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub workdir: PathBuf,
+}
+
+/// `state.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeshState {
+    pub prefix: String,
+    pub phase: Phase,
+    pub source: PathBuf,
+    pub control_address: Option<SocketAddr>,
+    pub root_cert: PathBuf,
+    pub nodes: Vec<NodeState>,
+    pub pods: Vec<PodState>,
+    pub processes: Vec<ProcessRecord>,
+}
+
+impl MeshState {
+    pub fn pod(&self, query: &str) -> Option<&PodState> {
+        find_pod(&self.pods, query)
+    }
+}
+
+/// A pod by `namespace/name`, or by `name` when that is unique.
+pub fn find_pod<'a>(pods: &'a [PodState], query: &str) -> Option<&'a PodState> {
+    if let Some((ns, name)) = query.split_once('/') {
+        return pods.iter().find(|p| p.namespace == ns && p.name == name);
+    }
+    let mut matches = pods.iter().filter(|p| p.name == query);
+    let first = matches.next()?;
+    matches.next().is_none().then_some(first)
+}

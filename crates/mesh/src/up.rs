@@ -1,0 +1,677 @@
+//! `ambit up`: from a checked manifest directory to a running mesh, step by step, each
+//! component a real process talking its production protocol:
+//!
+//! 1. the topology (bridge, one namespace per node and per pod);
+//! 2. `ambit control` in the bridge namespace (the nodes' underlay), watching the generated
+//!    manifests (the user's objects + pod IPs + redirection annotations);
+//! 3. per node, in the node namespace: `ambit cni-agent` (pods of the node from files, ZDS
+//!    server, plugin socket) and `ambit ztunnel` in shared mode (ZDS client, xDS, CA);
+//! 4. per pod, as a container runtime would: `ambit cni-plugin` ADD with the pod's netns and
+//!    a prevResult holding its IP, then the pod's command as a process inside its netns.
+//!
+//! [`Mesh`] owns all of it; [`Mesh::shutdown`] (or dropping it) stops the processes in
+//! reverse order, deletes the namespaces and the generated files.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ambit_netns::{NetnsFd, set_command_netns};
+use ambit_topology::Topology;
+use rand::Rng;
+use serde_json::json;
+
+use crate::manifests::{ManifestError, Manifests, PodStatus};
+use crate::process::{self, ProcessError};
+use crate::state::{
+    MeshState, NodeState, Phase, PodState, ProcessRecord, Role, RunDir, StateError, write_atomic,
+};
+
+/// The control plane's gRPC port (CA + xDS), as istiod's.
+pub const CONTROL_PORT: u16 = 15012;
+/// The DNS name the control plane's certificate carries and ztunnels verify.
+pub const CONTROL_HOSTNAME: &str = "istiod.istio-system.svc";
+/// Ports inside each node namespace.
+pub const AGENT_HEALTH_PORT: u16 = 8000;
+pub const AGENT_METRICS_PORT: u16 = 15014;
+pub const ZTUNNEL_ADMIN_PORT: u16 = 15000;
+pub const ZTUNNEL_READY_PORT: u16 = 15021;
+
+/// How to bring a mesh up.
+#[derive(Debug, Clone)]
+pub struct UpConfig {
+    /// The user's manifests.
+    pub manifests: PathBuf,
+    pub run_dir: PathBuf,
+    /// The `ambit` executable every role is started from.
+    pub ambit_exe: PathBuf,
+    /// Environment every child starts with (PATH, HOME, …); the library reads none itself.
+    pub base_env: Vec<(String, String)>,
+    /// How long each readiness wait may take.
+    pub timeout: Duration,
+    /// `RUST_LOG` for the components.
+    pub log_level: String,
+    /// DNS capture in the pods (agent rules + ztunnel DNS proxy).
+    pub dns_capture: bool,
+    /// Set (e.g. by a signal handler) to abandon the start; everything created is removed.
+    pub cancel: Arc<AtomicBool>,
+}
+
+/// Why `up` failed (everything it created is removed again before this is returned).
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    #[error(transparent)]
+    Manifests(#[from] ManifestError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error(
+        "a mesh is already running from {run_dir} (orchestrator pid {pid}); run `ambit down` first"
+    )]
+    Running { run_dir: PathBuf, pid: u32 },
+    #[error("cleaning the previous run in {run_dir}: {source}")]
+    Stale {
+        run_dir: PathBuf,
+        #[source]
+        source: Box<crate::down::DownError>,
+    },
+    #[error("creating {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("building the topology: {0}")]
+    Topology(#[from] ambit_topology::TopologyError),
+    #[error("entering a namespace: {0}")]
+    Netns(#[from] ambit_netns::NetnsError),
+    #[error("timed out after {timeout:?} waiting for {what} (see {log})")]
+    Timeout {
+        what: String,
+        timeout: Duration,
+        log: PathBuf,
+    },
+    #[error("{role} exited during start ({status}); see {log}")]
+    Exited {
+        role: Role,
+        status: std::process::ExitStatus,
+        log: PathBuf,
+    },
+    #[error("CNI ADD for pod {pod} failed ({status}): {output}")]
+    CniAdd {
+        pod: String,
+        status: std::process::ExitStatus,
+        output: String,
+    },
+    #[error("running the CNI plugin for pod {pod}: {source}")]
+    CniExec {
+        pod: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("interrupted")]
+    Cancelled,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
+    move |source| UpError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A running mesh. Dropping it tears everything down.
+#[derive(Debug)]
+pub struct Mesh {
+    cfg: UpConfig,
+    run: RunDir,
+    manifests: Manifests,
+    state: MeshState,
+    pod_status: BTreeMap<String, PodStatus>,
+    children: Vec<(ProcessRecord, Child)>,
+    topology: Option<Topology>,
+    done: bool,
+}
+
+/// A component that stopped on its own while the mesh ran.
+#[derive(Debug, Clone)]
+pub struct Exit {
+    pub role: Role,
+    pub status: std::process::ExitStatus,
+    pub log: Option<PathBuf>,
+}
+
+impl Mesh {
+    /// Checks the manifests (refusing bad ones before anything exists), cleans a stale run
+    /// in the run directory, then brings the mesh up. `progress` gets one line per step.
+    pub fn up(cfg: UpConfig, progress: &dyn Fn(&str)) -> Result<Mesh, UpError> {
+        let manifests = Manifests::load_dir(&cfg.manifests)?;
+        let run = RunDir::new(&cfg.run_dir);
+        std::fs::create_dir_all(run.root()).map_err(io_err(run.root()))?;
+        if let Some(old) = run.load()? {
+            if let Some(o) = old
+                .processes
+                .iter()
+                .find(|p| p.role == Role::Orchestrator && process::is_alive(p))
+            {
+                return Err(UpError::Running {
+                    run_dir: run.root().to_path_buf(),
+                    pid: o.pid,
+                });
+            }
+            progress(&format!(
+                "cleaning up the previous run (prefix {})",
+                old.prefix
+            ));
+        }
+        crate::down::sweep(&run, Duration::from_secs(5)).map_err(|e| UpError::Stale {
+            run_dir: run.root().to_path_buf(),
+            source: Box::new(e),
+        })?;
+        // Fresh logs for a fresh run.
+        let _ = std::fs::remove_dir_all(run.logs());
+        for dir in [run.logs(), run.manifests(), run.control()] {
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        }
+        let prefix = ambit_topology::random_prefix();
+        let state = MeshState {
+            prefix: prefix.clone(),
+            phase: Phase::Starting,
+            source: cfg.manifests.clone(),
+            control_address: None,
+            root_cert: run.control().join("root-cert.pem"),
+            nodes: Vec::new(),
+            pods: Vec::new(),
+            processes: vec![process::current(Role::Orchestrator)],
+        };
+        // Record the prefix before the first namespace exists.
+        run.save(&state)?;
+        let mut mesh = Mesh {
+            cfg,
+            run,
+            manifests,
+            state,
+            pod_status: BTreeMap::new(),
+            children: Vec::new(),
+            topology: None,
+            done: false,
+        };
+        match mesh.start(progress) {
+            Ok(()) => Ok(mesh),
+            Err(e) => {
+                progress(&format!("start failed: {e}; removing what was created"));
+                if let Err(te) = mesh.teardown() {
+                    progress(&format!("teardown: {te}"));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn check_cancel(&self) -> Result<(), UpError> {
+        if self.cfg.cancel.load(Ordering::Relaxed) {
+            Err(UpError::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn start(&mut self, progress: &dyn Fn(&str)) -> Result<(), UpError> {
+        let nodes = self.manifests.nodes();
+        progress(&format!(
+            "creating topology {}: {} node(s), {} pod(s)",
+            self.state.prefix,
+            nodes.len(),
+            self.manifests.pods().len()
+        ));
+        let mut b = Topology::builder().prefix(self.state.prefix.clone());
+        for n in &nodes {
+            b = b.node(n.clone());
+        }
+        for p in self.manifests.pods() {
+            b = b.pod(p.node.clone(), p.topology_name.clone());
+        }
+        let topo = b.build()?;
+        for n in topo.nodes() {
+            let dir = self.run.node(n.name());
+            std::fs::create_dir_all(dir.join("cni")).map_err(io_err(&dir))?;
+            std::fs::create_dir_all(dir.join("pods")).map_err(io_err(&dir))?;
+            self.state.nodes.push(NodeState {
+                name: n.name().to_owned(),
+                ip: n.ip(),
+                netns: n.netns().path(),
+                zds_socket: dir.join("ztunnel.sock"),
+                agent_run_dir: dir.join("cni"),
+                agent_health: SocketAddr::from(([127, 0, 0, 1], AGENT_HEALTH_PORT)),
+                agent_metrics: SocketAddr::from(([127, 0, 0, 1], AGENT_METRICS_PORT)),
+            });
+        }
+        for plan in self.manifests.pods() {
+            let Some(tp) = topo.get_pod(&plan.topology_name) else {
+                continue;
+            };
+            let workdir = self.run.pod(&plan.topology_name);
+            std::fs::create_dir_all(&workdir).map_err(io_err(&workdir))?;
+            self.pod_status.insert(
+                plan.key(),
+                PodStatus {
+                    ip: Some(tp.ip()),
+                    enrolled: false,
+                },
+            );
+            self.state.pods.push(PodState {
+                namespace: plan.namespace.clone(),
+                name: plan.name.clone(),
+                node: plan.node.clone(),
+                ip: tp.ip(),
+                netns: tp.netns_path(),
+                ambient: plan.ambient,
+                enrolled: false,
+                created: false,
+                argv: plan.argv.clone(),
+                env: plan.env.clone(),
+                workdir,
+            });
+        }
+        let bridge_ip = topo.addressing().bridge_ip();
+        let bridge_netns = topo.bridge().path();
+        self.topology = Some(topo);
+        let control_addr = SocketAddr::from((bridge_ip, CONTROL_PORT));
+        self.state.control_address = Some(control_addr);
+        self.run.save(&self.state)?;
+        self.check_cancel()?;
+
+        // Configuration files.
+        self.write_manifests()?;
+        let mut tokens = String::from("tokens:\n");
+        let mut node_tokens = BTreeMap::new();
+        for n in &nodes {
+            let token: String = {
+                let mut rng = rand::rng();
+                (0..32)
+                    .map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)]))
+                    .collect()
+            };
+            tokens += &format!("- token: \"{token}\"\n  node: \"{n}\"\n");
+            node_tokens.insert(n.clone(), token);
+        }
+        write_atomic(&self.run.tokens(), tokens.as_bytes()).map_err(io_err(&self.run.tokens()))?;
+        for n in &nodes {
+            let path = self.run.node(n).join("pods/pods.yaml");
+            let text = self.manifests.render(&self.pod_status, Some(n));
+            write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
+        }
+
+        // Control plane.
+        progress(&format!("starting control plane on {control_addr}"));
+        let mut cmd = self.role_command(&bridge_netns)?;
+        cmd.arg("control")
+            .arg("--manifests")
+            .arg(self.run.manifests())
+            .arg("--listen")
+            .arg(control_addr.to_string())
+            .arg("--state-dir")
+            .arg(self.run.control())
+            .arg("--tokens")
+            .arg(self.run.tokens())
+            .arg("--hostname")
+            .arg(CONTROL_HOSTNAME);
+        self.spawn(cmd, Role::Control, "control.log")?;
+        let root = self.state.root_cert.clone();
+        self.wait_for("control plane", &Role::Control, || {
+            root.exists()
+                && crate::probe::connect_in(&bridge_netns, control_addr, Duration::from_secs(1))
+                    .is_ok()
+        })?;
+        progress("control plane ready");
+
+        // Node components.
+        for node in self.state.nodes.clone() {
+            progress(&format!(
+                "starting cni-agent and ztunnel on node {}",
+                node.name
+            ));
+            let mut cmd = self.role_command(&node.netns)?;
+            cmd.arg("cni-agent")
+                .arg("--pods")
+                .arg(self.run.node(&node.name).join("pods"))
+                .env("NODE_NAME", &node.name)
+                .env("ZTUNNEL_UDS_ADDRESS", &node.zds_socket)
+                .env("CNI_AGENT_RUN_DIR", &node.agent_run_dir)
+                .env("MOUNTED_CNI_NET_DIR", self.run.node(&node.name).join("cni"))
+                .env("AMBIENT_ENABLED", "true")
+                .env("AMBIENT_DNS_CAPTURE", bool_str(self.cfg.dns_capture))
+                .env("AMBIENT_IPV6", "false")
+                .env("AMBIT_HEALTH_ADDR", node.agent_health.to_string())
+                .env("AMBIT_METRICS_ADDR", node.agent_metrics.to_string());
+            self.spawn(
+                cmd,
+                Role::Agent {
+                    node: node.name.clone(),
+                },
+                &format!("cni-agent-{}.log", node.name),
+            )?;
+            let address = format!("https://{control_addr}");
+            let mut cmd = self.role_command(&node.netns)?;
+            cmd.arg("ztunnel")
+                .env("PROXY_MODE", "shared")
+                .env("INPOD_UDS", &node.zds_socket)
+                .env("NODE_NAME", &node.name)
+                .env("POD_NAME", format!("ztunnel-{}", node.name))
+                .env("POD_NAMESPACE", "istio-system")
+                .env("XDS_ADDRESS", &address)
+                .env("CA_ADDRESS", &address)
+                .env("XDS_ROOT_CA", &self.state.root_cert)
+                .env("CA_ROOT_CA", &self.state.root_cert)
+                .env("ALT_XDS_HOSTNAME", CONTROL_HOSTNAME)
+                .env("ALT_CA_HOSTNAME", CONTROL_HOSTNAME)
+                .env(
+                    "AUTH_TOKEN",
+                    node_tokens.get(&node.name).cloned().unwrap_or_default(),
+                )
+                .env("IPV6_ENABLED", "false")
+                .env("ISTIO_META_DNS_CAPTURE", bool_str(self.cfg.dns_capture));
+            self.spawn(
+                cmd,
+                Role::Ztunnel {
+                    node: node.name.clone(),
+                },
+                &format!("ztunnel-{}.log", node.name),
+            )?;
+        }
+        for node in self.state.nodes.clone() {
+            let netns = node.netns.clone();
+            self.wait_for(
+                &format!("cni-agent on {}", node.name),
+                &Role::Agent {
+                    node: node.name.clone(),
+                },
+                || crate::probe::ok(&netns, node.agent_health, "/readyz"),
+            )?;
+            let ready = SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_READY_PORT));
+            self.wait_for(
+                &format!("ztunnel on {}", node.name),
+                &Role::Ztunnel {
+                    node: node.name.clone(),
+                },
+                || crate::probe::ok(&netns, ready, "/healthz/ready"),
+            )?;
+            progress(&format!("node {} ready", node.name));
+        }
+
+        // Pods, through the CNI plugin as a runtime would create them.
+        for i in 0..self.state.pods.len() {
+            self.check_cancel()?;
+            self.create_pod(i, progress)?;
+        }
+        self.state.phase = Phase::Ready;
+        self.run.save(&self.state)?;
+        Ok(())
+    }
+
+    fn create_pod(&mut self, i: usize, progress: &dyn Fn(&str)) -> Result<(), UpError> {
+        let pod = self.state.pods[i].clone();
+        let key = format!("{}/{}", pod.namespace, pod.name);
+        let Some(node) = self
+            .state
+            .nodes
+            .iter()
+            .find(|n| n.name == pod.node)
+            .cloned()
+        else {
+            return Ok(());
+        };
+        let gateway = self
+            .topology
+            .as_ref()
+            .and_then(|t| t.get_pod(&format!("{}.{}", pod.name, pod.namespace)))
+            .map(|p| p.gateway().to_string())
+            .unwrap_or_default();
+        let uid = self
+            .manifests
+            .pods()
+            .iter()
+            .find(|p| p.key() == key)
+            .map(|p| p.uid.clone())
+            .unwrap_or_default();
+        let netns = pod.netns.display().to_string();
+        let conf = json!({
+            "cniVersion": "1.0.0",
+            "name": "k8s-pod-network",
+            "type": "istio-cni",
+            "plugin_log_level": "info",
+            "cni_agent_run_dir": node.agent_run_dir,
+            "ambient_enabled": true,
+            "enablement_selectors": [
+                {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}, "namespaceSelector": {}},
+                {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
+                 "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
+            ],
+            "exclude_namespaces": ["kube-system"],
+            "pod_namespace": "istio-system",
+            "native_nftables": false,
+            "enable_ambient_detection_retry": false,
+            "ipam": {},
+            "dns": {},
+            "prevResult": {
+                "cniVersion": "1.0.0",
+                "interfaces": [{"name": "eth0", "sandbox": netns}],
+                "ips": [{"address": format!("{}/32", pod.ip), "gateway": gateway, "interface": 0}],
+                "dns": {}
+            }
+        });
+        let container_id = format!("{}-{}", self.state.prefix, uid.replace('-', ""));
+        let mut cmd = self.role_command(&node.netns)?;
+        cmd.arg("cni-plugin")
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", &container_id)
+            .env("CNI_NETNS", &netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", self.cfg.ambit_exe.parent().unwrap_or(Path::new("/")))
+            .env(
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uid}",
+                    pod.namespace, pod.name
+                ),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let cni_err = |source| UpError::CniExec {
+            pod: key.clone(),
+            source,
+        };
+        let mut child = cmd.spawn().map_err(cni_err)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(conf.to_string().as_bytes())
+                .map_err(cni_err)?;
+        }
+        let out = child.wait_with_output().map_err(cni_err)?;
+        if !out.status.success() {
+            return Err(UpError::CniAdd {
+                pod: key,
+                status: out.status,
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout).trim(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        self.state.pods[i].created = true;
+        if pod.ambient {
+            // What the agent writes in Kubernetes; here the control plane reads it from file.
+            self.state.pods[i].enrolled = true;
+            if let Some(st) = self.pod_status.get_mut(&key) {
+                st.enrolled = true;
+            }
+            self.write_manifests()?;
+        }
+        self.run.save(&self.state)?;
+        let mut cmd = Command::new(&pod.argv[0]);
+        set_command_netns(&mut cmd, &NetnsFd::open(&pod.netns)?)?;
+        cmd.args(&pod.argv[1..])
+            .env_clear()
+            .envs(self.cfg.base_env.iter().cloned())
+            .env("HOSTNAME", &pod.name)
+            .envs(pod.env.iter().cloned())
+            .current_dir(&pod.workdir);
+        self.spawn(
+            cmd,
+            Role::Pod {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+            },
+            &format!("pod-{}-{}.log", pod.namespace, pod.name),
+        )?;
+        progress(&format!(
+            "pod {key} on {} at {}: {}",
+            pod.node,
+            pod.ip,
+            if pod.ambient {
+                "enrolled in the mesh"
+            } else {
+                "not in the mesh"
+            }
+        ));
+        Ok(())
+    }
+
+    /// A command for an `ambit` role inside `netns` with only the base environment.
+    fn role_command(&self, netns: &Path) -> Result<Command, UpError> {
+        let mut cmd = Command::new(&self.cfg.ambit_exe);
+        set_command_netns(&mut cmd, &NetnsFd::open(netns)?)?;
+        cmd.env_clear()
+            .envs(self.cfg.base_env.iter().cloned())
+            .env("RUST_LOG", &self.cfg.log_level);
+        Ok(cmd)
+    }
+
+    fn spawn(&mut self, cmd: Command, role: Role, log: &str) -> Result<(), UpError> {
+        let log = self.run.logs().join(log);
+        let (child, record) = process::spawn(cmd, role, &log)?;
+        self.state.processes.push(record.clone());
+        self.children.push((record, child));
+        self.run.save(&self.state)?;
+        Ok(())
+    }
+
+    /// Polls `ready` until it holds, failing early if `role`'s process exits.
+    fn wait_for(
+        &mut self,
+        what: &str,
+        role: &Role,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<(), UpError> {
+        let deadline = Instant::now() + self.cfg.timeout;
+        let log = self
+            .children
+            .iter()
+            .find(|(r, _)| &r.role == role)
+            .and_then(|(r, _)| r.log.clone())
+            .unwrap_or_default();
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            self.check_cancel()?;
+            if let Some((r, c)) = self.children.iter_mut().find(|(r, _)| &r.role == role)
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                return Err(UpError::Exited {
+                    role: r.role.clone(),
+                    status,
+                    log,
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(UpError::Timeout {
+                    what: what.to_owned(),
+                    timeout: self.cfg.timeout,
+                    log,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn write_manifests(&self) -> Result<(), UpError> {
+        let path = self.run.manifests().join("mesh.yaml");
+        let text = self.manifests.render(&self.pod_status, None);
+        write_atomic(&path, text.as_bytes()).map_err(io_err(&path))
+    }
+
+    /// The current state (what `state.json` holds).
+    pub fn state(&self) -> &MeshState {
+        &self.state
+    }
+
+    /// The run directory.
+    pub fn run_dir(&self) -> &RunDir {
+        &self.run
+    }
+
+    /// Components that exited since the last call (they are not restarted).
+    pub fn poll_exits(&mut self) -> Vec<Exit> {
+        let mut out = Vec::new();
+        self.children.retain_mut(|(r, c)| match c.try_wait() {
+            Ok(Some(status)) => {
+                out.push(Exit {
+                    role: r.role.clone(),
+                    status,
+                    log: r.log.clone(),
+                });
+                false
+            }
+            _ => true,
+        });
+        out
+    }
+
+    /// Stops everything and removes the namespaces and generated files.
+    pub fn shutdown(mut self) -> Result<(), crate::down::DownError> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<(), crate::down::DownError> {
+        if self.done {
+            return Ok(());
+        }
+        self.done = true;
+        self.state.phase = Phase::Stopping;
+        let _ = self.run.save(&self.state);
+        // Pods first, then ztunnels, agents and the control plane (reverse start order).
+        let records: Vec<ProcessRecord> =
+            self.children.iter().rev().map(|(r, _)| r.clone()).collect();
+        let children = &mut self.children;
+        let left = process::stop_all(&records, Duration::from_secs(5), || {
+            for (_, c) in children.iter_mut() {
+                let _ = c.try_wait();
+            }
+        });
+        self.children.clear();
+        // Close our namespace descriptors, then delete the namespaces.
+        self.topology = None;
+        crate::down::finish(&self.run, &self.state.prefix, left)
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            tracing::warn!(error = %e, "mesh teardown incomplete");
+        }
+    }
+}
+
+fn bool_str(b: bool) -> &'static str {
+    if b { "true" } else { "false" }
+}
