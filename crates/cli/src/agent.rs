@@ -9,7 +9,8 @@ use ambit_control::objects::ObjectSet;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Directory of Pod and Namespace manifests for this node (read at start).
+    /// Directory of Pod and Namespace manifests for this node (read at start). Without it the
+    /// agent watches the Kubernetes API (in-cluster, or KUBECONFIG).
     #[arg(long, env = "AMBIT_PODS")]
     pods: Option<PathBuf>,
 }

@@ -4,15 +4,24 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ambit_control::server::ControlConfig;
+use ambit_control::server::{ControlConfig, ObjectSource};
 use ambit_control::translate::ClusterConfig;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Directory of Kubernetes manifests (Namespace, Pod, Service, PeerAuthentication,
     /// AuthorizationPolicy); watched, edits are pushed within 2 s.
-    #[arg(long, env = "AMBIT_MANIFESTS")]
-    manifests: PathBuf,
+    #[arg(
+        long,
+        env = "AMBIT_MANIFESTS",
+        conflicts_with = "kubernetes",
+        required_unless_present = "kubernetes"
+    )]
+    manifests: Option<PathBuf>,
+    /// Watch the Kubernetes API instead (in-cluster service account, or the file named by
+    /// KUBECONFIG).
+    #[arg(long)]
+    kubernetes: bool,
     /// Address of the TLS gRPC port serving the CA and xDS.
     #[arg(long, env = "AMBIT_LISTEN", default_value = "0.0.0.0:15012")]
     listen: SocketAddr,
@@ -41,8 +50,18 @@ pub struct Args {
 
 pub fn main(args: Args) -> ExitCode {
     crate::init_logging();
+    let source = match (args.manifests, args.kubernetes) {
+        (Some(dir), _) => ObjectSource::Directory(dir),
+        (None, _) => match crate::kube_config() {
+            Ok(k) => ObjectSource::Kubernetes(k),
+            Err(e) => {
+                eprintln!("Kubernetes API configuration: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
     let cfg = ControlConfig {
-        manifests: args.manifests,
+        source,
         listen: args.listen,
         state_dir: args.state_dir,
         tokens: args.tokens,

@@ -83,6 +83,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// The Kubernetes API configuration: `KUBECONFIG` when set, else the in-cluster service
+/// account.
+fn kube_config() -> Result<ambit_kubeapi::KubeConfig, ambit_kubeapi::ConfigError> {
+    match std::env::var_os("KUBECONFIG") {
+        Some(path) if !path.is_empty() => {
+            ambit_kubeapi::KubeConfig::from_kubeconfig_file(std::path::Path::new(&path))
+        }
+        _ => ambit_kubeapi::KubeConfig::in_cluster(
+            |k| std::env::var(k).ok(),
+            std::path::Path::new(ambit_kubeapi::SERVICE_ACCOUNT_DIR),
+        ),
+    }
+}
+
 /// Logging for the roles that have no configurable format of their own.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

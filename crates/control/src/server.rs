@@ -24,7 +24,8 @@ use crate::xds::{Snapshot, XdsServer};
 /// Everything `ambit control` needs.
 #[derive(Debug, Clone)]
 pub struct ControlConfig {
-    pub manifests: PathBuf,
+    /// Where objects come from.
+    pub source: ObjectSource,
     pub listen: SocketAddr,
     /// Holds the CA root (`ca-cert.pem`, `ca-key.pem`, `root-cert.pem`), created on first start.
     pub state_dir: PathBuf,
@@ -33,6 +34,15 @@ pub struct ControlConfig {
     /// Names in the server certificate (the listen IP is always added).
     pub hostnames: Vec<String>,
     pub cluster: ClusterConfig,
+}
+
+/// The origin of the Kubernetes objects.
+#[derive(Debug, Clone)]
+pub enum ObjectSource {
+    /// A directory of manifests, watched.
+    Directory(PathBuf),
+    /// The Kubernetes API server (list + watch of the five kinds).
+    Kubernetes(ambit_kubeapi::KubeConfig),
 }
 
 /// `tokens.yaml`: `{tokens: [{token: "...", node: "node1"} | {token: "...", identity: "spiffe://..."}]}`.
@@ -63,6 +73,8 @@ pub enum ControlError {
     Tokens { path: PathBuf, message: String },
     #[error("manifests: {0}")]
     Source(#[from] crate::source::SourceError),
+    #[error("Kubernetes API: {0}")]
+    Kube(String),
     #[error("listening on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -152,10 +164,25 @@ pub async fn run(
     }));
 
     let xds = Arc::new(XdsServer::new(authorizer.clone()));
-    let watch = DirectorySource::new(&cfg.manifests, cfg.cluster.clone())
-        .watch()
-        .await?;
-    let mut clusters = watch.subscribe();
+    // Both sources publish whole-cluster snapshots on a watch channel; the guard keeps the
+    // source's task alive.
+    let (mut clusters, _source_guard): (_, Box<dyn std::any::Any + Send>) = match &cfg.source {
+        ObjectSource::Directory(dir) => {
+            let watch = DirectorySource::new(dir, cfg.cluster.clone())
+                .watch()
+                .await?;
+            (watch.subscribe(), Box::new(watch))
+        }
+        ObjectSource::Kubernetes(kube) => {
+            let client = ambit_kubeapi::Client::new(kube.clone())
+                .map_err(|e| ControlError::Kube(e.to_string()))?;
+            let watch = crate::kube_source::KubeSource::new(client, cfg.cluster.clone())
+                .watch()
+                .await
+                .map_err(|e| ControlError::Kube(e.to_string()))?;
+            (watch.subscribe(), Box::new(watch))
+        }
+    };
     let publish = {
         let xds = xds.clone();
         let placement = placement.clone();
@@ -209,6 +236,5 @@ pub async fn run(
     })
     .await;
     updater.abort();
-    drop(watch);
     Ok(result?)
 }
