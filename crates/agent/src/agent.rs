@@ -12,6 +12,7 @@
 mod http;
 mod mesh;
 pub mod metrics;
+mod restart;
 pub mod runner;
 pub mod verify;
 
@@ -28,11 +29,15 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use crate::config::AgentConfig;
+use crate::plugin::PLUGIN_SOCKET;
+use crate::plugin_log::{LOG_SOCKET, LogServer, PluginLogError};
 use crate::pods::{Cache, Pod, PodEvent, PodSource};
+use crate::shutdown::{Cleanup, ShutdownError, ShutdownKind, UninstallCheck, check_for};
 use crate::zds::{ZdsError, ZdsServer};
 pub use mesh::MeshError;
 use mesh::Slot;
 use metrics::Metrics;
+pub use restart::RestartReport;
 use runner::{FdRunner, HostRunner};
 
 /// Failure starting or running the agent.
@@ -57,6 +62,9 @@ pub enum AgentError {
     /// Host probe set or rules could not be set up.
     #[error("host setup: {0}")]
     Host(String),
+    /// The plugin log socket could not be bound.
+    #[error(transparent)]
+    PluginLog(#[from] PluginLogError),
 }
 
 type Key = (String, String);
@@ -134,18 +142,54 @@ pub struct AgentHandle {
     pub zds: ZdsServer,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// What restart discovery found (§1.8).
+    pub restart: RestartReport,
+    cleanup: Cleanup,
 }
 
 impl AgentHandle {
-    /// Stops every task and waits for them.
+    /// Stops every task and waits for them: an upgrade-safe shutdown (§1.10), host rules,
+    /// probe set and CNI config stay.
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
         while self.tasks.join_next().await.is_some() {}
     }
+
+    /// Shuts down as `check` decides (§1.10): tasks stop either way; an uninstall then
+    /// removes the CNI config entry, host rules, probe set and socket files. In-pod rules
+    /// of running pods are never touched.
+    pub async fn shutdown_with(
+        self,
+        check: &dyn UninstallCheck,
+    ) -> Result<ShutdownKind, ShutdownError> {
+        let kind = check.decide().await;
+        let cleanup = self.cleanup.clone();
+        self.shutdown().await;
+        if kind == ShutdownKind::Uninstall {
+            tracing::info!("uninstalling: removing CNI config entry, host rules and probe set");
+            tokio::task::spawn_blocking(move || cleanup.uninstall())
+                .await
+                .map_err(|_| ShutdownError(vec![crate::shutdown::CleanupError::Panicked]))??;
+        } else {
+            tracing::info!("shutting down for upgrade: host state left in place");
+        }
+        Ok(kind)
+    }
 }
 
-/// Runs the agent until SIGINT/SIGTERM.
+/// Runs the agent until SIGINT/SIGTERM, then shuts down as the configuration says
+/// (`AMBIENT_DISABLE_SAFE_UPGRADE`, see [`crate::shutdown`]).
 pub async fn run_agent(cfg: AgentConfig, source: impl PodSource) -> Result<(), AgentError> {
+    let check = check_for(&cfg);
+    run_agent_with(cfg, source, check.as_ref()).await
+}
+
+/// [`run_agent`] with an explicit upgrade/uninstall decision (e.g. a Kubernetes check).
+pub async fn run_agent_with(
+    cfg: AgentConfig,
+    source: impl PodSource,
+    check: &dyn UninstallCheck,
+) -> Result<(), AgentError> {
     let handle = start(cfg, source).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| AgentError::Bind {
@@ -157,8 +201,9 @@ pub async fn run_agent(cfg: AgentConfig, source: impl PodSource) -> Result<(), A
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    // Upgrade-safe shutdown (§1.10): host rules, probe set and pod rules stay in place.
-    handle.shutdown().await;
+    if let Err(e) = handle.shutdown_with(check).await {
+        tracing::warn!(error = %e, "shutdown cleanup incomplete");
+    }
     Ok(())
 }
 
@@ -185,14 +230,25 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
             kubelet_uid: cfg.kubelet_uid,
         },
     };
-    // §1.3 steps 4 and 6: set first (rules match on it), flushed, then host rules.
-    tokio::task::spawn_blocking(move || {
-        probe.ensure()?;
-        probe.flush()
-    })
-    .await
-    .map_err(|e| AgentError::Host(e.to_string()))?
-    .map_err(|e| AgentError::Host(e.to_string()))?;
+    // §1.3 steps 4 and 6: set first (rules match on it), then host rules. Deviation: no
+    // flush; restart discovery resyncs the set without a window where running pods'
+    // entries are missing (see `restart`).
+    tokio::task::spawn_blocking(move || probe.ensure())
+        .await
+        .map_err(|e| AgentError::Host(e.to_string()))?
+        .map_err(|e| AgentError::Host(e.to_string()))?;
+    let cleanup = Cleanup {
+        host_runner: host_runner.clone(),
+        backend,
+        ipv6: cfg.ipv6,
+        host_rules: host_rules.clone(),
+        cni_net_dir: cfg.cni_net_dir.clone(),
+        sockets: vec![
+            cfg.zds_socket.clone(),
+            cfg.run_dir.join(PLUGIN_SOCKET),
+            cfg.run_dir.join(LOG_SOCKET),
+        ],
+    };
     {
         let runner = host_runner.clone();
         tokio::task::spawn_blocking(move || host_rules.apply(&runner))
@@ -204,6 +260,7 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
     let zds = ZdsServer::new(cfg.zds.clone(), Some(metrics.ztunnel_connected.clone()));
     let zds_listener = ZdsServer::bind(&cfg.zds_socket)?;
     let servers = http::Servers::bind(&cfg).await?;
+    let log_server = LogServer::bind(&cfg.run_dir)?;
     let (health_addr, metrics_addr) = (servers.health_addr, servers.metrics_addr);
 
     let (work_tx, work_rx) = mpsc::unbounded_channel();
@@ -222,14 +279,24 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
 
     let mut tasks = JoinSet::new();
     servers.spawn(&mut tasks, core.clone(), stop_rx.clone());
+    tasks.spawn(log_server.serve(stop_rx.clone()));
     let events = core.source.watch();
     let (synced_tx, mut synced_rx) = watch::channel(false);
     tasks.spawn(event_loop(core.clone(), events, synced_tx, stop_rx.clone()));
-    tasks.spawn(worker(core.clone(), work_rx, stop_rx.clone()));
-    // Accept ztunnels only once the pod cache is synced (the snapshot must be complete).
-    // TODO(restart discovery, §1.8): the snapshot is empty after an agent restart until
-    // pods are re-enrolled by the worker; the /proc scan is not implemented.
+    // Accept ztunnels only once the pod cache is synced and restart discovery (§1.8) has
+    // rebuilt the snapshot. The worker starts after discovery, so queued reconciles see
+    // the discovered pods.
     let _ = synced_rx.wait_for(|s| *s).await;
+    let restart = core.restore_after_restart().await;
+    if !restart.found.is_empty() || !restart.keep.is_empty() {
+        tracing::info!(
+            found = restart.found.len(),
+            keep = restart.keep.len(),
+            pruned = restart.pruned,
+            "restart discovery done"
+        );
+    }
+    tasks.spawn(worker(core.clone(), work_rx, stop_rx.clone()));
     {
         let zds = zds.clone();
         let stop = stop_rx.clone();
@@ -244,6 +311,8 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
         metrics_addr,
         zds,
         metrics,
+        restart,
+        cleanup,
     })
 }
 

@@ -45,6 +45,8 @@ pub struct AgentConfig {
     pub reconcile: bool,
     /// `NATIVE_NFTABLES` (default false).
     pub native_nftables: bool,
+    /// `AMBIENT_DISABLE_SAFE_UPGRADE` (default false): always clean up on shutdown (§1.10).
+    pub disable_safe_upgrade: bool,
     /// `NODE_NAME`: pods of other nodes are ignored (empty = accept all).
     pub node_name: String,
     /// `POD_NAMESPACE`.
@@ -187,6 +189,7 @@ impl AgentConfig {
             ipv6: v.bool("AMBIENT_IPV6", false),
             reconcile: v.bool("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", false),
             native_nftables: v.bool("NATIVE_NFTABLES", false),
+            disable_safe_upgrade: v.bool("AMBIENT_DISABLE_SAFE_UPGRADE", false),
             node_name: v.string("NODE_NAME", ""),
             pod_namespace: v.string("POD_NAMESPACE", "istio-system"),
             probe_snat_v4: v.parsed("HOST_PROBE_SNAT_IP", DEFAULT_PROBE_SNAT_V4, |s| {

@@ -11,7 +11,10 @@
 //! | [`pods`] | [`PodSource`] (pods of this node + namespaces + annotation sink), [`LocalPodSource`] |
 //! | [`enrol`] | the §2 predicate: selectors, excludes, hostNetwork/sidecar/ztunnel pods |
 //! | [`zds`] | the ZDS server (§4): SEQPACKET socket, snapshot, Add→newest / Del→all |
-//! | [`agent`] | event loop, worker with retries, add/remove (§1.4–§1.7), plugin-event, health and metrics servers, verification |
+//! | [`agent`] | event loop, worker with retries, add/remove (§1.4–§1.7), restart pass (§1.8), plugin-event, health and metrics servers, verification |
+//! | [`discovery`] | `/proc` scan for pod netns: cgroup pod UIDs, IP-ownership check, oldest process wins (§1.8 step 3) |
+//! | [`shutdown`] | upgrade vs uninstall (§1.10): [`shutdown::UninstallCheck`] and the full cleanup |
+//! | [`plugin_log`] | plugin log socket `log.sock` (§5.6): agent server + plugin-side sender |
 //! | [`plugin`] | [`plugin_main`] (§5.1–§5.3) and the chained conflist installer (§5.5) |
 //! | [`testing`] | `FakeZtunnel`, a real ZDS peer for tests of this and other crates |
 //!
@@ -37,21 +40,27 @@
 //!   informer path can enrol running pods without a `/proc` scan.
 //! - **Paths.** `/host` is not hard-coded: `AMBIT_HOST_PREFIX` (default none) and
 //!   `AMBIT_HOST_NETNS` choose where netns paths and the host netns are (see [`config`]).
-//! - **Not implemented yet:** restart discovery (§1.8 `/proc` scan with cgroup pod UIDs and
-//!   IP-ownership check, probe-set resync/prune, `Keep` for pods without netns — the ZDS
-//!   side already sends `Keep` for cached pods without netns), the installer (binary copy,
-//!   kubeconfig, conf-dir watch; only [`plugin::install_conflist`] exists), the Kubernetes
-//!   pod source, the plugin log socket, AWS branch-ENI rules, upgrade-vs-uninstall cleanup.
+//! - **Probe set at startup** is resynced, never flushed: running pods' probes keep being
+//!   SNATed through an agent restart (see `agent/restart.rs`).
+//! - **Shutdown decision** without an API server: [`shutdown::UninstallCheck`]
+//!   (default upgrade, `AMBIENT_DISABLE_SAFE_UPGRADE` uninstall, a DaemonSet-lookup hook).
+//! - **Not implemented yet:** the installer (binary copy, kubeconfig, conf-dir watch; only
+//!   [`plugin::install_conflist`] / [`plugin::install::uninstall_conflist`] exist), the
+//!   Kubernetes pod source and DaemonSet lookup, AWS branch-ENI rules, cri-o `crio-<id>`
+//!   cgroups outside a pod slice, the plugin's rolling log file.
 
 pub mod agent;
 pub mod config;
+pub mod discovery;
 pub mod enrol;
 pub mod plugin;
+pub mod plugin_log;
 pub mod pods;
+pub mod shutdown;
 pub mod testing;
 pub mod zds;
 
-pub use agent::{AgentError, AgentHandle, run_agent, start};
+pub use agent::{AgentError, AgentHandle, run_agent, run_agent_with, start};
 pub use config::{AgentConfig, ConfigError};
 pub use plugin::plugin_main;
 pub use pods::{LocalPodSource, PodSource};

@@ -10,7 +10,7 @@
 //! ambient. The failure policy stays fail-closed: any transport error or non-200 answer
 //! fails the ADD.
 
-mod client;
+pub(crate) mod client;
 mod conf;
 pub mod install;
 
@@ -82,7 +82,9 @@ pub fn plugin_main(env: &[(String, String)], stdin: &[u8]) -> (i32, Vec<u8>) {
         .ok()
         .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_owned))
         .unwrap_or_else(|| "1.0.0".to_owned());
-    match run(&env, stdin) {
+    let outcome = run(&env, stdin);
+    report(&env, stdin, outcome.as_ref().err());
+    match outcome {
         Ok(out) => (0, out),
         Err(e) => {
             let body = json!({
@@ -94,6 +96,43 @@ pub fn plugin_main(env: &[(String, String)], stdin: &[u8]) -> (i32, Vec<u8>) {
             (1, to_bytes(&body))
         }
     }
+}
+
+/// Best-effort: tells the agent's log socket what this invocation did (§5.6). Failures
+/// are ignored; logging never changes the CNI result.
+fn report(env: &BTreeMap<&str, &str>, stdin: &[u8], err: Option<&CniError>) {
+    let command = env.get("CNI_COMMAND").copied().unwrap_or("");
+    if command.is_empty() || command == "VERSION" {
+        return;
+    }
+    let Ok(conf) = conf::parse(stdin) else {
+        return;
+    };
+    let args: BTreeMap<&str, &str> = env
+        .get("CNI_ARGS")
+        .copied()
+        .unwrap_or("")
+        .split(';')
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    let pod = format!(
+        "{}/{}",
+        args.get("K8S_POD_NAMESPACE").copied().unwrap_or(""),
+        args.get("K8S_POD_NAME").copied().unwrap_or("")
+    );
+    let line = match err {
+        None => crate::plugin_log::log_line(
+            crate::plugin_log::Level::Info,
+            &format!("{command} done"),
+            &[("pod", &pod), ("command", command)],
+        ),
+        Some(e) => crate::plugin_log::log_line(
+            crate::plugin_log::Level::Error,
+            &format!("{command} failed: {e}"),
+            &[("pod", &pod), ("command", command)],
+        ),
+    };
+    let _ = crate::plugin_log::post_lines(Path::new(&conf.cni_agent_run_dir), &[line]);
 }
 
 fn to_bytes(v: &Value) -> Vec<u8> {

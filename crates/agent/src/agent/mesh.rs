@@ -85,7 +85,7 @@ async fn blocking<T: Send + 'static>(
 
 impl<S: PodSource> Core<S> {
     /// The pod's rule set from global config and its override annotations.
-    fn inpod_for(&self, pod: &Pod) -> InPod {
+    pub(super) fn inpod_for(&self, pod: &Pod) -> InPod {
         let cfg = PodRedirectConfig {
             ipv6: self.cfg.ipv6,
             dns_capture: annotation_bool(pod, DNS_CAPTURE).unwrap_or(self.cfg.dns_capture),
@@ -118,7 +118,7 @@ impl<S: PodSource> Core<S> {
             .map_err(|e| MeshError::Annotate(e.to_string()))
     }
 
-    fn zds_pod(pod: &Pod, netns: &Arc<NetnsFd>) -> ZdsPod {
+    pub(super) fn zds_pod(pod: &Pod, netns: &Arc<NetnsFd>) -> ZdsPod {
         ZdsPod {
             uid: pod.uid.clone(),
             name: pod.name.clone(),
@@ -137,6 +137,19 @@ impl<S: PodSource> Core<S> {
         netns_path: Option<PathBuf>,
     ) -> Result<(), MeshError> {
         let mut enrolled = self.enrolled.lock().await;
+        // Informer path for a pod ztunnel already acked (a reconcile that read the cache
+        // before a concurrent CNI ADD finished, or a retry after a probe-set/annotation
+        // failure): only steps d and e can be missing. Redoing c would also turn a
+        // shutdown racing the reconcile into a spurious `pending`.
+        if netns_path.is_none()
+            && let Some(slot) = enrolled.get(&pod.uid).filter(|s| s.acked)
+        {
+            let ips = slot.ips.clone();
+            // The table lock stays held: add/remove never interleave on a pod.
+            let result = self.finish_enrol(pod, ips).await;
+            drop(enrolled);
+            return result;
+        }
         // a. netns: keep the held fd when the path names the same namespace.
         let existing = enrolled.get(&pod.uid).map(|s| s.netns.clone());
         let path = netns_path.or_else(|| existing.is_none().then(|| pod.netns.clone()).flatten());
@@ -155,12 +168,17 @@ impl<S: PodSource> Core<S> {
                 }
             }
             (None, Some(old)) => old,
-            (None, None) => {
-                return Err(MeshError::Netns {
-                    path: None,
-                    reason: "unknown (no CNI event yet and no netns hint)".into(),
-                });
-            }
+            // §1.5: not cached and no hint: look for it in the host's /proc.
+            (None, None) => match self.scan_pod_netns(pod, &enrolled).await {
+                Some(netns) => netns,
+                None => {
+                    return Err(MeshError::Netns {
+                        path: None,
+                        reason: "unknown (no CNI event yet, no netns hint, not found in /proc)"
+                            .into(),
+                    });
+                }
+            },
         };
         // b. rules (idempotent; iptables reconciles a delta when enabled).
         let inpod = self.inpod_for(pod);
@@ -200,6 +218,13 @@ impl<S: PodSource> Core<S> {
         if let Some(s) = enrolled.get_mut(&pod.uid) {
             s.acked = true;
         }
+        let result = self.finish_enrol(pod, ips).await;
+        drop(enrolled);
+        result
+    }
+
+    /// §1.4 step 5 d and e, once ztunnel has the pod.
+    async fn finish_enrol(&self, pod: &Pod, ips: Vec<IpAddr>) -> Result<(), MeshError> {
         // d. probe set.
         for ip in ips {
             let (probe, uid) = (self.probe_handle(), pod.uid.clone());

@@ -110,9 +110,18 @@ pub fn install_conflist_named(
     } else {
         path.clone()
     };
-    let mut text = serde_json::to_vec_pretty(&list).map_err(|e| InstallError::Io {
+    write_atomic(&target, &list, mode)?;
+    if is_conf {
+        fs::remove_file(&path).map_err(io_err("removing", &path))?;
+    }
+    Ok(target)
+}
+
+/// Writes `v` as pretty JSON to `target` via a temp file + rename, with `mode`.
+fn write_atomic(target: &Path, v: &Value, mode: u32) -> Result<(), InstallError> {
+    let mut text = serde_json::to_vec_pretty(v).map_err(|e| InstallError::Io {
         what: "encoding",
-        path: target.clone(),
+        path: target.to_owned(),
         source: io::Error::other(e),
     })?;
     text.push(b'\n');
@@ -127,9 +136,112 @@ pub fn install_conflist_named(
     fs::write(&tmp, &text).map_err(io_err("writing", &tmp))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(mode & 0o7777))
         .map_err(io_err("setting mode of", &tmp))?;
-    fs::rename(&tmp, &target).map_err(io_err("renaming onto", &target))?;
-    if is_conf {
-        fs::remove_file(&path).map_err(io_err("removing", &path))?;
+    fs::rename(&tmp, target).map_err(io_err("renaming onto", target))
+}
+
+/// The inverse of [`install_conflist`] (uninstall, §1.10): removes every `istio-cni` entry
+/// from the `.conflist` files in `conf_dir` (only `conf_name` when given). A list left
+/// with no plugins was ours alone and is deleted. Returns the files changed or deleted;
+/// a missing directory means nothing to undo.
+pub fn uninstall_conflist(
+    conf_dir: &Path,
+    conf_name: Option<&str>,
+) -> Result<Vec<PathBuf>, InstallError> {
+    let mut candidates: Vec<PathBuf> = match conf_name {
+        Some(n) => vec![conf_dir.join(n)],
+        None => match fs::read_dir(conf_dir) {
+            Ok(entries) => entries.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("listing", conf_dir)(e)),
+        },
+    };
+    candidates.sort();
+    let mut changed = Vec::new();
+    for path in candidates {
+        let Ok(text) = fs::read(&path) else { continue };
+        let Ok(mut list) = serde_json::from_slice::<Value>(&text) else {
+            continue;
+        };
+        if !valid(&path, &list) || path.extension().and_then(|e| e.to_str()) != Some("conflist") {
+            continue;
+        }
+        let Some(plugins) = list.get_mut("plugins").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        let before = plugins.len();
+        plugins.retain(|p| p.get("type").and_then(Value::as_str) != Some(ISTIO_CNI_TYPE));
+        if plugins.len() == before {
+            continue;
+        }
+        if plugins.is_empty() {
+            fs::remove_file(&path).map_err(io_err("removing", &path))?;
+        } else {
+            let mode = fs::metadata(&path)
+                .map_err(io_err("reading mode of", &path))?
+                .permissions()
+                .mode();
+            write_atomic(&path, &list, mode)?;
+        }
+        changed.push(path);
     }
-    Ok(target)
+    Ok(changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn install_then_uninstall_restores_primary() {
+        let entry = json!({"type": ISTIO_CNI_TYPE, "cniVersion": "1.0.0", "ambient_enabled": true});
+        let bridge = json!({"type": "bridge", "bridge": "cni0"});
+        // (file name, initial content, after uninstall: Some(plugin types) or None = deleted)
+        let cases: Vec<(&str, Value, Option<Vec<&str>>)> = vec![
+            (
+                "10-net.conflist",
+                json!({"cniVersion": "1.0.0", "name": "net", "plugins": [bridge.clone()]}),
+                Some(vec!["bridge"]),
+            ),
+            (
+                "10-net.conf",
+                json!({"cniVersion": "0.3.1", "name": "net", "type": "bridge"}),
+                Some(vec!["bridge"]),
+            ),
+            (
+                "10-only-istio.conflist",
+                json!({"cniVersion": "1.0.0", "name": "net", "plugins": []}),
+                None,
+            ),
+        ];
+        for (name, content, want) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(dir.path().join(name), content.to_string()).unwrap();
+            let target = install_conflist(dir.path(), &entry).unwrap();
+            assert_eq!(
+                uninstall_conflist(dir.path(), None).unwrap(),
+                vec![target.clone()],
+                "{name}"
+            );
+            match want {
+                None => assert!(!target.exists(), "{name}"),
+                Some(types) => {
+                    let v: Value = serde_json::from_slice(&fs::read(&target).unwrap()).unwrap();
+                    let got: Vec<&str> = v["plugins"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter_map(|p| p["type"].as_str())
+                        .collect();
+                    assert_eq!(got, types, "{name}");
+                }
+            }
+            // Idempotent.
+            assert!(
+                uninstall_conflist(dir.path(), None).unwrap().is_empty(),
+                "{name}"
+            );
+        }
+        let missing = std::path::Path::new("/nonexistent/ambit/net.d");
+        assert!(uninstall_conflist(missing, None).unwrap().is_empty());
+    }
 }

@@ -1,0 +1,344 @@
+//! The plugin log socket (`spec/cni.md` §5.6): the CNI plugin runs as a short-lived child of
+//! the container runtime, whose logs nobody reads, so it also POSTs its log lines to the
+//! agent, which re-emits them under the tracing target `cni-plugin`.
+//!
+//! Wire format (upstream's): HTTP/1.1 over `<run_dir>/log.sock`, `POST /log`, body a JSON
+//! array of strings, each string one JSON log line (`{"level":"info","msg":"…",…}`). Lines
+//! that are not JSON objects are re-emitted verbatim at info level: a log channel must not
+//! drop what it cannot parse. Bodies are capped at [`MAX_BODY`].
+//!
+//! Plugin side: [`log_line`] builds a line, [`post_lines`] sends a batch best-effort
+//! (short timeout; the caller ignores failures, logging must never fail a CNI ADD).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Map, Value, json};
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Socket file name inside the agent's run dir.
+pub const LOG_SOCKET: &str = "log.sock";
+/// Tracing target the agent re-emits plugin lines under.
+pub const LOG_TARGET: &str = "cni-plugin";
+/// Largest accepted request body.
+pub const MAX_BODY: usize = 1 << 20;
+/// How long the plugin waits for the agent to take its logs.
+pub const POST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Failures of the log socket.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginLogError {
+    /// Binding the socket failed.
+    #[error("binding plugin log socket {path}: {source}")]
+    Bind {
+        /// Socket path.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// Posting lines failed (plugin side).
+    #[error("posting plugin logs to {path}: {source}")]
+    Post {
+        /// Socket path.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// The agent refused the lines.
+    #[error("agent answered {0} to plugin logs")]
+    Status(u16),
+}
+
+/// Severity of a plugin line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// debug (and anything finer).
+    Debug,
+    /// info (and unknown levels).
+    Info,
+    /// warn / warning.
+    Warn,
+    /// error and worse.
+    Error,
+}
+
+impl Level {
+    fn parse(s: &str) -> Self {
+        match s.to_ascii_lowercase().as_str() {
+            "debug" | "trace" => Self::Debug,
+            "warn" | "warning" => Self::Warn,
+            "error" | "fatal" | "panic" | "dpanic" => Self::Error,
+            _ => Self::Info,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// One plugin log line, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginLogLine {
+    /// `level`.
+    pub level: Level,
+    /// `msg`.
+    pub msg: String,
+    /// Every other field, values rendered as JSON (strings unquoted).
+    pub fields: BTreeMap<String, String>,
+}
+
+/// Parses one line; never fails (non-JSON text becomes the message).
+pub fn parse_line(raw: &str) -> PluginLogLine {
+    let Ok(Value::Object(mut obj)) = serde_json::from_str::<Value>(raw) else {
+        return PluginLogLine {
+            level: Level::Info,
+            msg: raw.to_owned(),
+            fields: BTreeMap::new(),
+        };
+    };
+    let text = |v: Value| match v {
+        Value::String(s) => s,
+        other => other.to_string(),
+    };
+    let level = obj
+        .remove("level")
+        .map_or(Level::Info, |v| Level::parse(&text(v)));
+    let msg = obj.remove("msg").map(text).unwrap_or_default();
+    PluginLogLine {
+        level,
+        msg,
+        fields: obj.into_iter().map(|(k, v)| (k, text(v))).collect(),
+    }
+}
+
+/// Re-emits a line through `tracing` under [`LOG_TARGET`].
+pub fn emit(line: &PluginLogLine) {
+    // Field names of tracing events are static, so the plugin's fields travel as one.
+    let fields = line
+        .fields
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let msg = &line.msg;
+    match line.level {
+        Level::Debug => tracing::debug!(target: LOG_TARGET, %fields, "{msg}"),
+        Level::Info => tracing::info!(target: LOG_TARGET, %fields, "{msg}"),
+        Level::Warn => tracing::warn!(target: LOG_TARGET, %fields, "{msg}"),
+        Level::Error => tracing::error!(target: LOG_TARGET, %fields, "{msg}"),
+    }
+}
+
+/// Where received lines go (default: [`emit`]).
+pub type Sink = Arc<dyn Fn(PluginLogLine) + Send + Sync>;
+
+/// The agent side: a bound log socket.
+pub struct LogServer {
+    listener: UnixListener,
+    sink: Sink,
+    /// The socket path.
+    pub path: PathBuf,
+}
+
+impl std::fmt::Debug for LogServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogServer")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogServer {
+    /// Binds `<run_dir>/log.sock` (stale file removed, dir created 0750, socket 0666 so the
+    /// plugin can write whatever user the runtime runs it as). Must be called inside a
+    /// tokio runtime.
+    pub fn bind(run_dir: &Path) -> Result<Self, PluginLogError> {
+        let path = run_dir.join(LOG_SOCKET);
+        let err = |source| PluginLogError::Bind {
+            path: path.clone(),
+            source,
+        };
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(run_dir)
+                .map_err(err)?;
+        }
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err(e)),
+            _ => {}
+        }
+        let listener = UnixListener::bind(&path).map_err(err)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).map_err(err)?;
+        Ok(Self {
+            listener,
+            sink: Arc::new(|l| emit(&l)),
+            path,
+        })
+    }
+
+    /// Sends lines to `sink` instead of `tracing` (tests, other log pipelines).
+    pub fn with_sink(mut self, sink: Sink) -> Self {
+        self.sink = sink;
+        self
+    }
+
+    /// Serves until `stop` turns true; open connections are then dropped.
+    pub async fn serve(self, mut stop: watch::Receiver<bool>) {
+        let mut conns = JoinSet::new();
+        loop {
+            let io = tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+                io = self.listener.accept() => match io {
+                    Ok((io, _)) => io,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "plugin log socket accept failed");
+                        continue;
+                    }
+                },
+            };
+            let sink = self.sink.clone();
+            conns.spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let sink = sink.clone();
+                    async move { Ok::<_, Infallible>(handle(&sink, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(io), svc)
+                    .await;
+            });
+        }
+        conns.shutdown().await;
+    }
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+async fn handle(sink: &Sink, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::POST || req.uri().path() != "/log" {
+        return reply(StatusCode::NOT_FOUND, "not found");
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return reply(StatusCode::BAD_REQUEST, format!("reading body: {e}")),
+    };
+    let lines: Vec<String> = match serde_json::from_slice(&body) {
+        Ok(l) => l,
+        Err(e) => return reply(StatusCode::BAD_REQUEST, format!("decoding body: {e}")),
+    };
+    for l in &lines {
+        sink(parse_line(l));
+    }
+    reply(StatusCode::OK, "")
+}
+
+/// Plugin side: one JSON log line.
+pub fn log_line(level: Level, msg: &str, fields: &[(&str, &str)]) -> String {
+    let mut obj = Map::new();
+    obj.insert("level".into(), json!(level.as_str()));
+    obj.insert("msg".into(), json!(msg));
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        obj.insert("ts".into(), json!(t.as_secs_f64()));
+    }
+    for (k, v) in fields {
+        obj.insert((*k).into(), json!(v));
+    }
+    Value::Object(obj).to_string()
+}
+
+/// Plugin side: POSTs `lines` to `<run_dir>/log.sock` (blocking, [`POST_TIMEOUT`]).
+pub fn post_lines(run_dir: &Path, lines: &[String]) -> Result<(), PluginLogError> {
+    let path = run_dir.join(LOG_SOCKET);
+    let body = serde_json::to_vec(lines).unwrap_or_default();
+    let (status, _) =
+        crate::plugin::client::post(&path, "/log", &body, POST_TIMEOUT).map_err(|source| {
+            PluginLogError::Post {
+                path: path.clone(),
+                source,
+            }
+        })?;
+    if status == 200 {
+        Ok(())
+    } else {
+        Err(PluginLogError::Status(status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse() {
+        let f = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let cases = [
+            (
+                r#"{"level":"info","time":"2024-01-01T00:00:00Z","msg":"added pod","pod":"demo/p1"}"#,
+                Level::Info,
+                "added pod",
+                f(&[("pod", "demo/p1"), ("time", "2024-01-01T00:00:00Z")]),
+            ),
+            (
+                r#"{"level":"error","msg":"agent unreachable","attempt":3}"#,
+                Level::Error,
+                "agent unreachable",
+                f(&[("attempt", "3")]),
+            ),
+            (r#"{"level":"WARNING","msg":"x"}"#, Level::Warn, "x", f(&[])),
+            (r#"{"level":"debug"}"#, Level::Debug, "", f(&[])),
+            (r#"{"msg":"no level"}"#, Level::Info, "no level", f(&[])),
+            ("plain text", Level::Info, "plain text", f(&[])),
+            (
+                r#"["not","an","object"]"#,
+                Level::Info,
+                r#"["not","an","object"]"#,
+                f(&[]),
+            ),
+        ];
+        for (raw, level, msg, fields) in cases {
+            let got = parse_line(raw);
+            assert_eq!(
+                got,
+                PluginLogLine {
+                    level,
+                    msg: msg.into(),
+                    fields
+                },
+                "{raw}"
+            );
+        }
+        // The plugin's own lines round-trip.
+        let line = log_line(Level::Warn, "hello", &[("pod", "a/b")]);
+        let got = parse_line(&line);
+        assert_eq!((got.level, got.msg.as_str()), (Level::Warn, "hello"));
+        assert_eq!(got.fields.get("pod").map(String::as_str), Some("a/b"));
+    }
+}
