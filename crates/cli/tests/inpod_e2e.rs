@@ -122,7 +122,7 @@ impl Cluster {
         ]
     }
 
-    fn start() -> Cluster {
+    fn start(nftables: bool) -> Cluster {
         let topo = Topology::builder()
             .pod("node1", "client")
             .pod("node1", "late")
@@ -220,6 +220,7 @@ impl Cluster {
                 ),
                 ("AMBIT_HEALTH_ADDR", "127.0.0.1:8000".to_string()),
                 ("AMBIT_METRICS_ADDR", "127.0.0.1:15014".to_string()),
+                ("NATIVE_NFTABLES", nftables.to_string()),
             ];
             c.spawn(
                 &format!("agent-{node}"),
@@ -314,13 +315,22 @@ impl Cluster {
 }
 
 #[test]
-fn pods_enrolled_through_cni_and_ztunnel_hand_off() {
-    if !ambit_netns::testing::netns_capable_or_skip(
-        "pods_enrolled_through_cni_and_ztunnel_hand_off",
-    ) {
-        return;
+fn pods_enrolled_through_cni_and_ztunnel_hand_off_iptables() {
+    if ambit_netns::testing::netns_capable_or_skip("enrolled_iptables") {
+        enrolled_through_cni_and_hand_off(false);
     }
-    let mut c = Cluster::start();
+}
+
+#[test]
+fn pods_enrolled_through_cni_and_ztunnel_hand_off_nftables() {
+    if ambit_netns::testing::netns_capable_or_skip("enrolled_nftables") {
+        enrolled_through_cni_and_hand_off(true);
+    }
+}
+
+/// The whole scenario, with the agent's iptables or nftables backend.
+fn enrolled_through_cni_and_hand_off(nftables: bool) {
+    let mut c = Cluster::start(nftables);
     for pod in ["client", "server"] {
         let out = c.cni_add(pod);
         assert!(
