@@ -7,6 +7,11 @@ use std::process::ExitCode;
 use ambit_agent::pods::{LocalPodSource, Namespace, Pod, PodPhase};
 use ambit_control::objects::ObjectSet;
 
+/// ambit extension for manifest-fed agents: the pod's network namespace path, so a restarted
+/// agent finds running pods whose namespaces hold no process (Kubernetes pods always have
+/// one, found through /proc).
+pub const NETNS_ANNOTATION: &str = "ambit.io/netns";
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Directory of Pod and Namespace manifests for this node (read at start). Without it the
@@ -58,7 +63,7 @@ fn load(dir: &std::path::Path, node: &str, source: &LocalPodSource) -> Result<()
                 PodPhase::Running
             },
             host_network: pod.spec.host_network,
-            netns: None,
+            netns: pod.metadata.annotations.get(NETNS_ANNOTATION).map(PathBuf::from),
         });
     }
     Ok(())

@@ -38,12 +38,19 @@ impl Cluster {
         self.dir.path().join(p)
     }
 
-    fn pod_manifest(&self, name: &str) -> String {
+    /// `enrolled`: carry the agent-written redirection annotation (what the control plane sees).
+    fn pod_manifest(&self, name: &str, enrolled: bool) -> String {
         let pod = self.topo.pod(name);
         format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  uid: uid-{name}\n  labels: {{app: {name}}}\n  annotations: {{ambient.istio.io/redirection: enabled}}\nspec:\n  nodeName: {node}\n  serviceAccountName: {name}\n  containers: [{{name: app, image: x}}]\nstatus:\n  podIP: {ip}\n",
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  uid: uid-{name}\n  labels: {{app: {name}}}\n  annotations: {{{redirection}ambit.io/netns: {netns}}}\nspec:\n  nodeName: {node}\n  serviceAccountName: {name}\n  containers: [{{name: app, image: x}}]\nstatus:\n  podIP: {ip}\n",
             node = pod.node(),
-            ip = pod.ip()
+            ip = pod.ip(),
+            netns = pod.netns_path().display(),
+            redirection = if enrolled {
+                "ambient.istio.io/redirection: enabled, "
+            } else {
+                ""
+            },
         )
     }
 
@@ -154,15 +161,15 @@ impl Cluster {
         let ns = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  labels: {istio.io/dataplane-mode: ambient}\n";
         let all = format!(
             "{ns}{}{}",
-            c.pod_manifest("client"),
-            c.pod_manifest("server")
+            c.pod_manifest("client", true),
+            c.pod_manifest("server", true)
         );
         std::fs::write(c.path("manifests/mesh.yaml"), &all).unwrap();
         for (node, pods) in [
             ("node1", &["client", "late"][..]),
             ("node2", &["server"][..]),
         ] {
-            let manifests: String = pods.iter().map(|p| c.pod_manifest(p)).collect();
+            let manifests: String = pods.iter().map(|p| c.pod_manifest(p, false)).collect();
             std::fs::write(
                 c.path(&format!("{node}/pods/pods.yaml")),
                 format!("{ns}{manifests}"),
@@ -383,6 +390,72 @@ fn enrolled_through_cni_and_hand_off(nftables: bool) {
         ) >= 1.0,
         "{metrics}"
     );
+
+    // Agent restart with live pods: the data path keeps working, and the new agent rebuilds
+    // its snapshot for the connected ztunnel.
+    let agent = c
+        .procs
+        .iter()
+        .position(|(n, _)| n == "agent-node2")
+        .unwrap();
+    let pid = c.procs[agent].1.child.id();
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    eventually("agent exits", SECS, || {
+        c.procs[agent].1.child.try_wait().ok().flatten()
+    });
+    // What the API server would hold by now: the annotation the agent wrote at enrolment.
+    std::fs::write(
+        c.path("node2/pods/pods.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  labels: {{istio.io/dataplane-mode: ambient}}\n{}",
+            c.pod_manifest("server", true)
+        ),
+    )
+    .unwrap();
+    let mut during = connect_from(c.topo.pod("client").netns(), server).unwrap();
+    exchange(&mut during, "agent-down").unwrap();
+    let pods = c.path("node2/pods").display().to_string();
+    let env = vec![
+        ("NODE_NAME", "node2".to_string()),
+        ("AMBIENT_ENABLED", "true".to_string()),
+        ("AMBIENT_ENABLEMENT_SELECTOR", SELECTORS.to_string()),
+        (
+            "ZTUNNEL_UDS_ADDRESS",
+            c.path("node2/ztunnel.sock").display().to_string(),
+        ),
+        (
+            "CNI_AGENT_RUN_DIR",
+            c.path("node2/cni").display().to_string(),
+        ),
+        ("AMBIT_HEALTH_ADDR", "127.0.0.1:8000".to_string()),
+        ("AMBIT_METRICS_ADDR", "127.0.0.1:15014".to_string()),
+        ("NATIVE_NFTABLES", nftables.to_string()),
+    ];
+    c.spawn(
+        "agent-node2-restarted",
+        "node2",
+        &["cni-agent", "--pods", &pods],
+        &env,
+    );
+    c.wait_ready("restarted agent", "node2", 8000, "/readyz");
+    c.wait_ready(
+        "ztunnel after the agent restart",
+        "node2",
+        15021,
+        "/healthz/ready",
+    );
+    assert!(
+        c.ztunnel_listeners("server").contains("fwmark:0x539"),
+        "the pod's proxy survived the agent restart"
+    );
+    eventually("traffic after the agent restart", SECS, || {
+        let mut s = connect_from(c.topo.pod("client").netns(), server).ok()?;
+        exchange(&mut s, "agent-back").ok()
+    });
 
     // A "kubelet probe" from the node reaches the app through the host SNAT path, as
     // 169.254.7.127, not through ztunnel.

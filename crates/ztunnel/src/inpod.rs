@@ -64,7 +64,10 @@ pub use pod::StartError;
 pub use protocol::{Request, decode_request, encode_ack, encode_hello};
 
 /// How long an `AddWorkload` waits for the pod's workload record to appear in the state.
-pub const WORKLOAD_WAIT: Duration = Duration::from_secs(5);
+/// Upstream waits 5 s, exactly the CNI agent's ack deadline: a late record then makes the agent
+/// drop the connection and read our late ack as the answer to its next request. 3 s answers
+/// in time (a NACK; the pod stays pending and is retried every 5 s).
+pub const WORKLOAD_WAIT: Duration = Duration::from_secs(3);
 /// How often pending pods are retried.
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 /// First reconnect delay; doubles up to [`BACKOFF_MAX`].
