@@ -63,7 +63,11 @@ fn load(dir: &std::path::Path, node: &str, source: &LocalPodSource) -> Result<()
                 PodPhase::Running
             },
             host_network: pod.spec.host_network,
-            netns: pod.metadata.annotations.get(NETNS_ANNOTATION).map(PathBuf::from),
+            netns: pod
+                .metadata
+                .annotations
+                .get(NETNS_ANNOTATION)
+                .map(PathBuf::from),
         });
     }
     Ok(())
