@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod control;
+mod ops;
 mod plugin;
 mod up;
 mod ztunnel;
@@ -43,12 +44,38 @@ enum Command {
     )]
     Up(up::UpArgs),
     /// Remove the embedded mesh (also after its `ambit up` was killed).
+    #[command(after_help = "Examples:\n  sudo ambit down\n  sudo ambit down --run-dir /tmp/mesh")]
     Down(up::RunDirArgs),
     /// Show the embedded mesh: nodes, pods, enrolment, readiness, certificates.
+    #[command(after_help = "Examples:\n  sudo ambit status\n  sudo ambit status -o json")]
     Status(up::StatusArgs),
     /// Run a command inside a pod's network namespace with its environment.
-    #[command(after_help = "Example:\n  ambit exec demo/client -- python3 -c 'print(1)'")]
+    #[command(
+        after_help = "Examples:\n  sudo ambit exec demo/client -- python3 -c 'print(1)'\n  sudo ambit exec client -- curl -s http://server.demo.svc.cluster.local/"
+    )]
     Exec(up::ExecArgs),
+    /// Print a component's log from the run directory.
+    #[command(
+        after_help = "Components: control, agent-NODE, ztunnel-NODE, a pod (NAME or NAMESPACE/NAME).\n\nExamples:\n  sudo ambit logs ztunnel-node1\n  sudo ambit logs demo/server | tail"
+    )]
+    Logs(ops::LogsArgs),
+    /// Show a ztunnel's configuration (its admin `/config_dump`), like `istioctl
+    /// ztunnel-config`.
+    #[command(
+        after_help = "Examples:\n  sudo ambit ztunnel-config workloads\n  sudo ambit ztunnel-config certificates --node node1\n  sudo ambit ztunnel-config services -o json"
+    )]
+    ZtunnelConfig(ops::ZtunnelConfigArgs),
+    /// Run a node's ztunnel or CNI agent again (same command and environment): the old one
+    /// is stopped, the new one started and waited for until ready.
+    #[command(
+        after_help = "Examples:\n  sudo ambit restart ztunnel node2\n  sudo ambit restart agent node1 --timeout 30"
+    )]
+    Restart(ops::RestartArgs),
+    /// Print shell completions.
+    #[command(
+        after_help = "Examples:\n  ambit completions bash > /etc/bash_completion.d/ambit\n  ambit completions zsh > \"${fpath[1]}/_ambit\"\n  ambit completions fish > ~/.config/fish/completions/ambit.fish"
+    )]
+    Completions(ops::CompletionsArgs),
     /// Print the version.
     Version,
 }
@@ -73,6 +100,12 @@ fn main() -> ExitCode {
         Command::Down(args) => up::down(args),
         Command::Status(args) => up::status(args),
         Command::Exec(args) => up::exec(args),
+        Command::Logs(args) => ops::logs(args),
+        Command::ZtunnelConfig(args) => ops::ztunnel_config(args),
+        Command::Restart(args) => ops::restart(args),
+        Command::Completions(args) => {
+            ops::completions(args, <Cli as clap::CommandFactory>::command())
+        }
         Command::Version => {
             #[allow(clippy::print_stdout)]
             {

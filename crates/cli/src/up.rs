@@ -35,7 +35,7 @@ pub struct UpArgs {
 pub struct RunDirArgs {
     /// Run directory of the mesh.
     #[arg(long, env = "AMBIT_RUN_DIR", default_value = DEFAULT_RUN_DIR)]
-    run_dir: PathBuf,
+    pub run_dir: PathBuf,
 }
 
 #[derive(Debug, clap::Args)]

@@ -14,6 +14,9 @@
 //! | [`down`] | removal from the run directory alone (also after the orchestrator died) |
 //! | [`status`] | recorded state + live readiness and certificates |
 //! | [`exec`] | a command inside a pod's netns with its env |
+//! | [`logs`] | which log file belongs to a component |
+//! | [`ztunnel_config`] | a ztunnel's `/config_dump` and its tables |
+//! | [`restart`] | running a node's ztunnel or agent again from its recorded command |
 //! | `probe` | TCP/HTTP from inside a namespace |
 //!
 //! Layout of a run directory: `state.json`; `manifests/mesh.yaml` (what `ambit control`
@@ -25,12 +28,15 @@
 
 pub mod down;
 pub mod exec;
+pub mod logs;
 pub mod manifests;
 mod probe;
 pub mod process;
+pub mod restart;
 pub mod state;
 pub mod status;
 pub mod up;
+pub mod ztunnel_config;
 
 pub use down::{DownError, DownReport, down};
 pub use manifests::{ManifestError, Manifests};

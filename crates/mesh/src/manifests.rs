@@ -111,7 +111,13 @@ pub struct Manifests {
 pub struct PodStatus {
     pub ip: Option<Ipv4Addr>,
     pub enrolled: bool,
+    /// The pod's netns path, written as the `ambit.io/netns` annotation so a restarted agent
+    /// finds the pod even though no process of a pause container holds the namespace.
+    pub netns: Option<String>,
 }
+
+/// ambit's annotation naming a pod's network namespace for manifest-fed agents.
+pub const NETNS_ANNOTATION: &str = "ambit.io/netns";
 
 impl Manifests {
     /// Reads every `*.yaml`/`*.yml` file of `dir` (sorted by name) and checks it.
@@ -278,6 +284,9 @@ fn patch_pod(doc: &mut Value, st: &PodStatus) {
         status.insert("phase".into(), Value::String("Running".into()));
     }
     let annotations = child_mapping(child_mapping(root, "metadata"), "annotations");
+    if let Some(netns) = &st.netns {
+        annotations.insert(NETNS_ANNOTATION.into(), Value::String(netns.clone()));
+    }
     if st.enrolled {
         annotations.insert(
             REDIRECTION_ANNOTATION.into(),
@@ -512,6 +521,7 @@ mod tests {
             PodStatus {
                 ip: Some(Ipv4Addr::new(198, 19, 1, 2)),
                 enrolled: true,
+                netns: None,
             },
         );
         let all = m.render(&st, None);

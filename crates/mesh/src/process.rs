@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
-use crate::state::{ProcessRecord, Role};
+use crate::state::{CommandSpec, ProcessRecord, Role};
 
 /// Why a process could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +49,7 @@ pub fn spawn(
         path: log.to_path_buf(),
         source,
     })?;
+    let spec = CommandSpec::of(&cmd);
     cmd.stdin(Stdio::null())
         .stdout(file)
         .stderr(err)
@@ -65,6 +66,7 @@ pub fn spawn(
         start_time: start_time(pid).unwrap_or(0),
         group: true,
         log: Some(log.to_path_buf()),
+        command: Some(spec),
     };
     Ok((child, record))
 }
@@ -78,6 +80,7 @@ pub fn current(role: Role) -> ProcessRecord {
         start_time: start_time(pid).unwrap_or(0),
         group: false,
         log: None,
+        command: None,
     }
 }
 

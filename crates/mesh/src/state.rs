@@ -156,6 +156,47 @@ pub struct ProcessRecord {
     /// Whether it leads its own process group (every child does; the orchestrator not).
     pub group: bool,
     pub log: Option<PathBuf>,
+    /// How it was started (what `ambit restart` runs again); absent for the orchestrator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<CommandSpec>,
+}
+
+/// A recorded command line: program, arguments, the whole environment (children start from
+/// a cleared one) and working directory. The namespace is the node's or pod's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub dir: Option<PathBuf>,
+}
+
+impl CommandSpec {
+    /// What `cmd` runs (its environment must have been cleared for `env` to be complete).
+    pub fn of(cmd: &std::process::Command) -> Self {
+        let s = |o: &std::ffi::OsStr| o.to_string_lossy().into_owned();
+        Self {
+            program: PathBuf::from(cmd.get_program()),
+            args: cmd.get_args().map(s).collect(),
+            env: cmd
+                .get_envs()
+                .filter_map(|(k, v)| Some((s(k), s(v?))))
+                .collect(),
+            dir: cmd.get_current_dir().map(Path::to_path_buf),
+        }
+    }
+
+    /// A command running it again (no namespace set).
+    pub fn command(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.program);
+        cmd.args(&self.args)
+            .env_clear()
+            .envs(self.env.iter().cloned());
+        if let Some(d) = &self.dir {
+            cmd.current_dir(d);
+        }
+        cmd
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -183,7 +183,7 @@ fn str_field(v: &Value, key: &str) -> String {
 
 /// ztunnel prints times as `SystemTime { tv_sec: N, tv_nsec: M }`; show them as UTC
 /// `YYYY-MM-DDTHH:MM:SSZ` (anything else is passed through).
-fn readable_time(s: &str) -> String {
+pub(crate) fn readable_time(s: &str) -> String {
     let secs = s
         .split("tv_sec:")
         .nth(1)

@@ -263,6 +263,7 @@ impl Mesh {
                 PodStatus {
                     ip: Some(tp.ip()),
                     enrolled: false,
+                    netns: Some(tp.netns_path().display().to_string()),
                 },
             );
             self.state.pods.push(PodState {
@@ -603,10 +604,18 @@ impl Mesh {
         }
     }
 
+    /// Rewrites what the control plane and the agents read: like the API server, the files
+    /// keep the enrolment annotation, so a restarted agent rebuilds its snapshot from them.
     fn write_manifests(&self) -> Result<(), UpError> {
         let path = self.run.manifests().join("mesh.yaml");
         let text = self.manifests.render(&self.pod_status, None);
-        write_atomic(&path, text.as_bytes()).map_err(io_err(&path))
+        write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
+        for n in self.manifests.nodes() {
+            let path = self.run.node(&n).join("pods/pods.yaml");
+            let text = self.manifests.render(&self.pod_status, Some(&n));
+            write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
+        }
+        Ok(())
     }
 
     /// The current state (what `state.json` holds).
@@ -647,10 +656,22 @@ impl Mesh {
         }
         self.done = true;
         self.state.phase = Phase::Stopping;
+        // Processes `ambit restart` started (recorded on disk, not our children) go too.
+        let mut adopted = Vec::new();
+        if let Ok(Some(disk)) = self.run.load() {
+            for p in disk.processes {
+                if !self.state.processes.contains(&p) {
+                    self.state.processes.push(p.clone());
+                    adopted.push(p);
+                }
+            }
+        }
         let _ = self.run.save(&self.state);
         // Pods first, then ztunnels, agents and the control plane (reverse start order).
-        let records: Vec<ProcessRecord> =
-            self.children.iter().rev().map(|(r, _)| r.clone()).collect();
+        let records: Vec<ProcessRecord> = adopted
+            .into_iter()
+            .chain(self.children.iter().rev().map(|(r, _)| r.clone()))
+            .collect();
         let children = &mut self.children;
         let left = process::stop_all(&records, Duration::from_secs(5), || {
             for (_, c) in children.iter_mut() {

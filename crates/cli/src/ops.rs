@@ -1,0 +1,224 @@
+//! Operating a running embedded mesh: `ambit logs`, `ambit ztunnel-config`, `ambit
+//! completions` (and `ambit restart`). Flags in, text out; the work is in [`ambit_mesh`].
+
+use std::process::ExitCode;
+
+use ambit_mesh::RunDir;
+use ambit_mesh::ztunnel_config::Section;
+
+use crate::up::{Output, RunDirArgs};
+
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    #[command(flatten)]
+    run: RunDirArgs,
+    /// `control`, `agent-NODE`, `ztunnel-NODE`, or a pod (`NAME` or `NAMESPACE/NAME`).
+    component: String,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ConfigSection {
+    Workloads,
+    Services,
+    Policies,
+    Certificates,
+    Connections,
+}
+
+impl From<ConfigSection> for Section {
+    fn from(s: ConfigSection) -> Self {
+        match s {
+            ConfigSection::Workloads => Section::Workloads,
+            ConfigSection::Services => Section::Services,
+            ConfigSection::Policies => Section::Policies,
+            ConfigSection::Certificates => Section::Certificates,
+            ConfigSection::Connections => Section::Connections,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ZtunnelConfigArgs {
+    #[command(flatten)]
+    run: RunDirArgs,
+    /// What to show.
+    #[arg(value_enum)]
+    section: ConfigSection,
+    /// Only this node's ztunnel (default: every node's).
+    #[arg(long)]
+    node: Option<String>,
+    /// Output format (`json`: the raw section of `/config_dump`, keyed by node).
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    output: Output,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell to generate completions for.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+fn say(line: &str) {
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{line}");
+    }
+}
+
+fn table(rows: &[Vec<String>]) {
+    let n = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut widths = vec![0usize; n];
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        say(line.join("  ").trim_end());
+    }
+}
+
+pub fn logs(args: LogsArgs) -> ExitCode {
+    let run = RunDir::new(&args.run.run_dir);
+    let file = match ambit_mesh::logs::find(&run, &args.component) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("ambit logs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut f = match std::fs::File::open(&file.path) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("ambit logs: {}: {e}", file.path.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    match std::io::copy(&mut f, &mut out) {
+        Ok(_) => ExitCode::SUCCESS,
+        // A closed pipe (`| head`) is not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ambit logs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn ztunnel_config(args: ZtunnelConfigArgs) -> ExitCode {
+    let run = RunDir::new(&args.run.run_dir);
+    let section = Section::from(args.section);
+    let dumps = match ambit_mesh::ztunnel_config::dumps(&run, args.node.as_deref()) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("ambit ztunnel-config: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match args.output {
+        Output::Json => {
+            let mut out = serde_json::Map::new();
+            for (node, dump) in &dumps {
+                out.insert(
+                    node.clone(),
+                    dump.get(section.key())
+                        .cloned()
+                        .unwrap_or(serde_json::Value::Null),
+                );
+            }
+            match serde_json::to_string_pretty(&out) {
+                Ok(s) => say(&s),
+                Err(e) => {
+                    eprintln!("ambit ztunnel-config: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        Output::Table => {
+            let mut rows: Vec<Vec<String>> = Vec::new();
+            for (node, dump) in &dumps {
+                let mut t = ambit_mesh::ztunnel_config::table(section, dump);
+                if rows.is_empty() {
+                    if let Some(h) = t.first_mut() {
+                        h.insert(0, "ZTUNNEL".into());
+                    }
+                } else if !t.is_empty() {
+                    t.remove(0);
+                }
+                let first = rows.is_empty();
+                for (i, mut r) in t.into_iter().enumerate() {
+                    if !(first && i == 0) {
+                        r.insert(0, node.clone());
+                    }
+                    rows.push(r);
+                }
+            }
+            table(&rows);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+pub fn completions(args: CompletionsArgs, mut cmd: clap::Command) -> ExitCode {
+    let name = cmd.get_name().to_owned();
+    clap_complete::generate(args.shell, &mut cmd, name, &mut std::io::stdout());
+    ExitCode::SUCCESS
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum RestartComponent {
+    Ztunnel,
+    Agent,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RestartArgs {
+    #[command(flatten)]
+    run: RunDirArgs,
+    /// Which node component.
+    #[arg(value_enum)]
+    component: RestartComponent,
+    /// The node.
+    node: String,
+    /// How long the new process may take to become ready.
+    #[arg(long, default_value = "60", value_name = "SECONDS")]
+    timeout: u64,
+}
+
+pub fn restart(args: RestartArgs) -> ExitCode {
+    use ambit_mesh::restart::Component;
+    let run = RunDir::new(&args.run.run_dir);
+    let component = match args.component {
+        RestartComponent::Ztunnel => Component::Ztunnel,
+        RestartComponent::Agent => Component::Agent,
+    };
+    match ambit_mesh::restart::restart(
+        &run,
+        component,
+        &args.node,
+        std::time::Duration::from_secs(args.timeout),
+    ) {
+        Ok(r) => {
+            say(&format!(
+                "{} restarted: pid {} → {} (ready)",
+                r.role,
+                r.old_pid
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                r.new_pid
+            ));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ambit restart: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
