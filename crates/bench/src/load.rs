@@ -1,0 +1,396 @@
+//! The traffic: servers run in the server pod's namespace, load generators in the client
+//! pod's. Every socket comes from a [`SocketFactory`] of its pod (unmarked, so the in-pod
+//! rules capture the client's traffic exactly as they capture an application's).
+//!
+//! Every generator runs for a bounded time and every blocking read has a timeout, so a
+//! stuck proxy makes a measurement fail instead of hanging the run.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ambit_netns::{NetnsSocketFactory, SocketFactory, SocketOptions};
+use anyhow::{Context, Result, bail};
+use hdrhistogram::Histogram;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinSet;
+
+/// Port of the discard server (throughput).
+pub const DISCARD_PORT: u16 = 5001;
+/// Port of the echo server (latency, connection rate, idle connections).
+pub const ECHO_PORT: u16 = 5002;
+/// Size of a latency request and of its echoed response.
+pub const MESSAGE: usize = 1024;
+/// Size of the reused buffer the throughput writers send.
+const WRITE_BUF: usize = 128 * 1024;
+/// Bound on any single blocking step (connect, one echo) of a generator.
+const STEP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Set on Ctrl-C: generators stop early and the run unwinds, tearing everything down.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+
+fn stopped() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// Starts the discard and echo servers in the namespace of `factory`, owned by `tasks`.
+/// `received` counts every byte the discard server reads.
+pub fn start_servers(
+    factory: &NetnsSocketFactory,
+    rt: &tokio::runtime::Handle,
+    tasks: &mut JoinSet<()>,
+    received: Arc<AtomicU64>,
+) -> Result<()> {
+    let opts = SocketOptions {
+        nodelay: true,
+        ..SocketOptions::default()
+    };
+    let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
+    let discard = factory
+        .new_tcp_listener(any(DISCARD_PORT), &opts)
+        .context("discard listener")?;
+    let echo = factory
+        .new_tcp_listener(any(ECHO_PORT), &opts)
+        .context("echo listener")?;
+    tasks.spawn_on(
+        async move {
+            let Ok(listener) = tokio::net::TcpListener::from_std(discard) else {
+                return;
+            };
+            let mut conns = JoinSet::new();
+            while let Ok((mut s, _)) = listener.accept().await {
+                let received = received.clone();
+                conns.spawn(async move {
+                    let mut buf = vec![0u8; 256 * 1024];
+                    while let Ok(n @ 1..) = s.read(&mut buf).await {
+                        received.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        },
+        rt,
+    );
+    tasks.spawn_on(
+        async move {
+            let Ok(listener) = tokio::net::TcpListener::from_std(echo) else {
+                return;
+            };
+            let mut conns = JoinSet::new();
+            while let Ok((s, _)) = listener.accept().await {
+                conns.spawn(async move {
+                    let (mut r, mut w) = s.into_split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        },
+        rt,
+    );
+    Ok(())
+}
+
+/// A connected, blocking stream from the factory's namespace (for the latency threads).
+pub fn connect_blocking(factory: &NetnsSocketFactory, dst: SocketAddr) -> Result<TcpStream> {
+    let sock = factory
+        .new_tcp_stream_socket(dst, None, &SocketOptions::default())
+        .context("client socket")?;
+    sock.set_nonblocking(false)?;
+    sock.set_tcp_nodelay(true)?;
+    sock.connect_timeout(&dst.into(), STEP_TIMEOUT)
+        .with_context(|| format!("connecting to {dst}"))?;
+    let s: TcpStream = sock.into();
+    s.set_read_timeout(Some(STEP_TIMEOUT))?;
+    s.set_write_timeout(Some(STEP_TIMEOUT))?;
+    Ok(s)
+}
+
+/// A connected tokio stream from the factory's namespace.
+pub async fn connect(
+    factory: &NetnsSocketFactory,
+    dst: SocketAddr,
+) -> Result<tokio::net::TcpStream> {
+    let sock = factory
+        .new_tcp_stream_socket(dst, None, &SocketOptions::default())
+        .context("client socket")?;
+    sock.set_tcp_nodelay(true)?;
+    let sock = tokio::net::TcpSocket::from_std_stream(sock.into());
+    let s = tokio::time::timeout(STEP_TIMEOUT, sock.connect(dst))
+        .await
+        .with_context(|| format!("connecting to {dst}: timed out"))?
+        .with_context(|| format!("connecting to {dst}"))?;
+    Ok(s)
+}
+
+/// One byte out, the same byte back.
+async fn echo_byte(s: &mut tokio::net::TcpStream) -> Result<()> {
+    let step = async {
+        s.write_all(b"x").await?;
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).await?;
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(STEP_TIMEOUT, step)
+        .await
+        .context("echo timed out")?
+}
+
+/// Waits until one echo through the whole path works (certificates fetched, rules in
+/// place), up to `timeout`.
+pub async fn wait_path(
+    factory: &NetnsSocketFactory,
+    dst: SocketAddr,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let attempt = async {
+            let mut s = connect(factory, dst).await?;
+            echo_byte(&mut s).await
+        };
+        match attempt.await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline || stopped() => {
+                return Err(e.context(format!("no echo from {dst} within {timeout:?}")));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Bytes and CPU of one throughput window.
+#[derive(Clone, Copy, Debug)]
+pub struct Throughput {
+    /// Bytes the server received inside the window.
+    pub bytes: u64,
+    /// Window length.
+    pub seconds: f64,
+    /// CPU seconds the proxies used inside the window.
+    pub proxy_cpu: f64,
+}
+
+impl Throughput {
+    /// Bytes per second.
+    pub fn rate(&self) -> f64 {
+        self.bytes as f64 / self.seconds
+    }
+}
+
+/// `streams` connections bulk-writing a reused buffer to the discard server. The window
+/// opens after `warmup` (slow start, pool setup) and lasts `duration`; bytes are counted
+/// where they arrive, so socket buffers do not inflate the figure.
+pub async fn throughput(
+    factory: &NetnsSocketFactory,
+    dst: SocketAddr,
+    streams: usize,
+    warmup: Duration,
+    duration: Duration,
+    received: &AtomicU64,
+    proxy_cpu: impl Fn() -> f64,
+) -> Result<Throughput> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = JoinSet::new();
+    for _ in 0..streams {
+        let mut s = connect(factory, dst).await?;
+        let stop = stop.clone();
+        writers.spawn(async move {
+            let buf = vec![0xa5u8; WRITE_BUF];
+            while !stop.load(Ordering::Relaxed) && !stopped() {
+                s.write_all(&buf).await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    tokio::time::sleep(warmup).await;
+    let (b0, c0, t0) = (
+        received.load(Ordering::Relaxed),
+        proxy_cpu(),
+        Instant::now(),
+    );
+    tokio::time::sleep(duration).await;
+    let (b1, c1, t1) = (
+        received.load(Ordering::Relaxed),
+        proxy_cpu(),
+        Instant::now(),
+    );
+    stop.store(true, Ordering::Relaxed);
+    let joined = tokio::time::timeout(STEP_TIMEOUT, async {
+        let mut first_err = None;
+        while let Some(r) = writers.join_next().await {
+            if let Ok(Err(e)) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err
+    })
+    .await;
+    match joined {
+        Ok(Some(e)) => return Err(e.context("throughput writer")),
+        Ok(None) => {}
+        Err(_) => bail!("throughput writers did not stop within {STEP_TIMEOUT:?}"),
+    }
+    if b1 == b0 {
+        bail!("no bytes arrived at {dst} during the window");
+    }
+    Ok(Throughput {
+        bytes: b1 - b0,
+        seconds: (t1 - t0).as_secs_f64(),
+        proxy_cpu: c1 - c0,
+    })
+}
+
+/// Result of one fixed-rate latency run.
+#[derive(Debug)]
+pub struct Latency {
+    /// Latency from each request's *intended* send time to its response, in nanoseconds.
+    pub histogram: Histogram<u64>,
+    /// Responses received per second over the run.
+    pub achieved_rate: f64,
+}
+
+/// Open-loop request/response at `rate` requests/s over one connection for `duration`:
+/// a sender thread writes request `i` at `t0 + i/rate` (or at once if it is late), a
+/// receiver thread reads the echoes in order and records `now - (t0 + i/rate)`. Measuring
+/// from the intended time corrects coordinated omission: a stall delays every request
+/// scheduled during it, and all of them are charged for it.
+pub fn latency(
+    factory: &NetnsSocketFactory,
+    dst: SocketAddr,
+    rate: u32,
+    duration: Duration,
+) -> Result<Latency> {
+    let mut stream = connect_blocking(factory, dst)?;
+    // One exchange first, so connection and stream setup are not in the figures.
+    let mut msg = [0u8; MESSAGE];
+    stream.write_all(&msg)?;
+    stream.read_exact(&mut msg).context("warm-up echo")?;
+
+    let total = (f64::from(rate) * duration.as_secs_f64()).ceil().max(1.0) as u64;
+    let period = Duration::from_secs(1) / rate.max(1);
+    let mut writer = stream.try_clone()?;
+    let t0 = Instant::now() + Duration::from_millis(5);
+    let intended = move |i: u64| t0 + period * u32::try_from(i).unwrap_or(u32::MAX);
+    let sender = std::thread::Builder::new()
+        .name("bench-sender".into())
+        .spawn(move || -> Result<()> {
+            let mut msg = [0x5au8; MESSAGE];
+            for i in 0..total {
+                if stopped() {
+                    break;
+                }
+                let at = intended(i);
+                let now = Instant::now();
+                if at > now {
+                    std::thread::sleep(at - now);
+                }
+                msg[..8].copy_from_slice(&i.to_le_bytes());
+                writer.write_all(&msg).context("sending a request")?;
+            }
+            Ok(())
+        })?;
+    // 1 µs .. 60 s at 3 significant digits.
+    let mut histogram = Histogram::<u64>::new_with_bounds(1_000, 60_000_000_000, 3)?;
+    let mut buf = [0u8; MESSAGE];
+    let mut last = t0;
+    let mut received = 0u64;
+    let mut failure = None;
+    for i in 0..total {
+        if stopped() {
+            break;
+        }
+        if let Err(e) = stream.read_exact(&mut buf) {
+            failure = Some(anyhow::Error::new(e).context(format!("reading response {i}")));
+            break;
+        }
+        last = Instant::now();
+        let seq = u64::from_le_bytes(buf[..8].try_into().unwrap_or_default());
+        if seq != i {
+            failure = Some(anyhow::anyhow!("response {i} carried sequence {seq}"));
+            break;
+        }
+        let ns = last.saturating_duration_since(intended(i)).as_nanos();
+        histogram.saturating_record(u64::try_from(ns).unwrap_or(u64::MAX).max(1_000));
+        received += 1;
+    }
+    // Unblocks a sender stuck in write_all if we stopped reading early.
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    let sent = sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender thread panicked"))?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    sent?;
+    let span = last.saturating_duration_since(t0).as_secs_f64();
+    Ok(Latency {
+        histogram,
+        achieved_rate: if span > 0.0 {
+            received as f64 / span
+        } else {
+            0.0
+        },
+    })
+}
+
+/// `concurrency` workers each looping {connect, 1-byte echo, close} for `duration`;
+/// returns completed connections per second. Any failed iteration fails the measurement.
+pub async fn connection_rate(
+    factory: Arc<NetnsSocketFactory>,
+    dst: SocketAddr,
+    concurrency: usize,
+    duration: Duration,
+) -> Result<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut workers = JoinSet::new();
+    for _ in 0..concurrency {
+        let (factory, done) = (factory.clone(), done.clone());
+        workers.spawn(async move {
+            while Instant::now() < deadline && !stopped() {
+                let mut s = connect(&factory, dst).await?;
+                echo_byte(&mut s).await?;
+                drop(s);
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = workers.join_next().await {
+        r.context("connection-rate worker")??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Opens `n` connections, each proven end to end by a 1-byte echo, and returns them open.
+pub async fn open_idle(
+    factory: Arc<NetnsSocketFactory>,
+    dst: SocketAddr,
+    n: usize,
+) -> Result<Vec<tokio::net::TcpStream>> {
+    const PARALLEL: usize = 32;
+    let mut open = Vec::with_capacity(n);
+    let mut pending = JoinSet::new();
+    for _ in 0..n {
+        if stopped() {
+            bail!("interrupted");
+        }
+        if pending.len() >= PARALLEL
+            && let Some(r) = pending.join_next().await
+        {
+            open.push(r??);
+        }
+        let factory = factory.clone();
+        pending.spawn(async move {
+            let mut s = connect(&factory, dst).await?;
+            echo_byte(&mut s).await?;
+            anyhow::Ok(s)
+        });
+    }
+    while let Some(r) = pending.join_next().await {
+        open.push(r??);
+    }
+    Ok(open)
+}

@@ -1,0 +1,317 @@
+//! `ambit-bench`: compares ambient data planes against a no-mesh baseline on one machine.
+//!
+//! It builds one small network-namespace cluster per scenario (client pod on node 1,
+//! server pod on node 2, see [`scenario`]), runs our own load generators and servers
+//! ([`load`]) through each for bounded times, interleaving scenarios round by round
+//! ([`run`]), and reports medians with ratios to the baseline as a table, JSON and an SVG
+//! chart ([`report`], [`svg`]). Proxy memory and CPU come from `/proc` ([`procstat`]).
+//!
+//! `ambit-bench ztunnel` (hidden) runs the ambit ztunnel from this very binary, exactly as
+//! `ambit ztunnel` does (same library, same environment parsing), so the default run needs
+//! nothing but this binary; `--ambit-bin` measures a built `ambit` instead. See
+//! BENCHMARKS.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+mod load;
+mod procstat;
+mod report;
+mod run;
+mod scenario;
+mod svg;
+
+use run::Plan;
+use scenario::{Scenario, ScenarioKind, ZtunnelCmd};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ambit-bench",
+    about = "Throughput, latency, connection rate, memory and CPU of ambient data planes vs. no mesh",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    args: Args,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the ambit ztunnel (what the ambit scenario starts in each pod).
+    #[command(hide = true)]
+    Ztunnel,
+}
+
+#[derive(Debug, clap::Args)]
+struct Args {
+    /// A few hundred milliseconds per measurement, one round (checks the harness works).
+    #[arg(long)]
+    smoke: bool,
+    /// Rounds per measurement (scenarios interleaved A B A B; medians reported).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Scenarios to run, in order: baseline, ambit, foreign (default: baseline and ambit,
+    /// plus foreign with --ztunnel-bin).
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Vec<String>,
+    /// A foreign ztunnel binary (e.g. upstream's) for the "foreign" scenario: started with
+    /// no arguments and upstream's environment variables, LOCAL_XDS_PATH config.
+    #[arg(long, value_name = "PATH")]
+    ztunnel_bin: Option<PathBuf>,
+    /// Name of the foreign scenario in the reports.
+    #[arg(long, default_value = "foreign")]
+    ztunnel_name: String,
+    /// Measure this `ambit` binary (run as `PATH ztunnel`) instead of this binary's
+    /// built-in copy of the same code.
+    #[arg(long, value_name = "PATH")]
+    ambit_bin: Option<PathBuf>,
+    /// ZTUNNEL_WORKER_THREADS for every proxy (upstream's default is 2).
+    #[arg(long, default_value_t = 2)]
+    ztunnel_workers: usize,
+    /// Request rates of the latency runs (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    rates: Vec<u32>,
+    /// Idle connections held open for the memory measurement.
+    #[arg(long)]
+    idle_conns: Option<usize>,
+    /// Seconds per throughput window.
+    #[arg(long)]
+    throughput_secs: Option<f64>,
+    /// Seconds per latency run.
+    #[arg(long)]
+    latency_secs: Option<f64>,
+    /// Write the JSON report here.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Write the SVG chart here.
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Command::Ztunnel) = cli.command {
+        return ztunnel();
+    }
+    match bench(cli.args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ambit-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Same as `ambit ztunnel` (crates/cli/src/ztunnel.rs): environment → config → run.
+fn ztunnel() -> ExitCode {
+    let vars: Vec<(String, String)> = std::env::vars().collect();
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let config = match ambit_ztunnel::Config::from_vars(&vars, cpus, &|p| p.exists()) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    match ambit_ztunnel::app::run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ztunnel failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn plan(args: &Args) -> Result<Plan> {
+    let mut plan = if args.smoke {
+        Plan::smoke()
+    } else {
+        Plan::full()
+    };
+    if let Some(r) = args.rounds {
+        plan.rounds = r.max(1);
+    }
+    if !args.rates.is_empty() {
+        plan.rates = args.rates.iter().copied().filter(|r| *r > 0).collect();
+    }
+    if let Some(n) = args.idle_conns {
+        plan.idle_conns = n.max(1);
+    }
+    let secs = |s: f64| std::time::Duration::try_from_secs_f64(s).context("bad duration");
+    if let Some(s) = args.throughput_secs {
+        plan.throughput = secs(s)?;
+    }
+    if let Some(s) = args.latency_secs {
+        plan.latency = secs(s)?;
+    }
+    // Each idle connection costs this process two descriptors (client and server side).
+    if let Some(limit) = procstat::open_files_soft_limit() {
+        let max = usize::try_from(limit.saturating_sub(512) / 2).unwrap_or(usize::MAX);
+        if plan.idle_conns > max {
+            eprintln!(
+                "ambit-bench: open-files limit {limit}: {max} idle connections instead of {}",
+                plan.idle_conns
+            );
+            plan.idle_conns = max.max(1);
+        }
+    }
+    Ok(plan)
+}
+
+fn kinds(args: &Args) -> Result<Vec<ScenarioKind>> {
+    let names: Vec<String> = if args.scenarios.is_empty() {
+        let mut v = vec!["baseline".to_string(), "ambit".to_string()];
+        if args.ztunnel_bin.is_some() {
+            v.push("foreign".into());
+        }
+        v
+    } else {
+        args.scenarios.clone()
+    };
+    // Absolute: the proxies start in a per-pod working directory.
+    let absolute =
+        |p: &PathBuf| std::fs::canonicalize(p).with_context(|| format!("locating {}", p.display()));
+    let own = match &args.ambit_bin {
+        Some(p) => ZtunnelCmd {
+            program: absolute(p)?,
+            args: vec!["ztunnel".into()],
+        },
+        None => ZtunnelCmd {
+            program: std::env::current_exe().context("locating this binary")?,
+            args: vec!["ztunnel".into()],
+        },
+    };
+    names
+        .iter()
+        .map(|n| match n.as_str() {
+            "baseline" => Ok(ScenarioKind::Baseline),
+            "ambit" => Ok(ScenarioKind::Dedicated {
+                name: "ambit".into(),
+                ztunnel: own.clone(),
+                workers: args.ztunnel_workers,
+            }),
+            "foreign" => match &args.ztunnel_bin {
+                Some(p) => Ok(ScenarioKind::Dedicated {
+                    name: args.ztunnel_name.clone(),
+                    ztunnel: ZtunnelCmd {
+                        program: absolute(p)?,
+                        args: Vec::new(),
+                    },
+                    workers: args.ztunnel_workers,
+                }),
+                None => bail!("scenario foreign needs --ztunnel-bin PATH"),
+            },
+            other => bail!("unknown scenario {other:?} (baseline, ambit, foreign)"),
+        })
+        .collect()
+}
+
+fn bench(args: Args) -> Result<()> {
+    let plan = plan(&args)?;
+    let kinds = kinds(&args)?;
+    let date = report::now_rfc3339();
+    let commit = commit();
+    let loadavg_start = loadavg();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench")
+        .enable_all()
+        .build()?;
+    rt.spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("ambit-bench: interrupted, cleaning up");
+            load::STOP.store(true, Ordering::Relaxed);
+        }
+    });
+    let mut scenarios = Vec::new();
+    for kind in kinds {
+        eprintln!("starting scenario {}: {}", kind.name(), kind.describe());
+        let name = kind.name().to_string();
+        let sc = Scenario::start(kind, rt.handle())
+            .with_context(|| format!("starting scenario {name}"))?;
+        scenarios.push(sc);
+    }
+    let samples = run::execute(&plan, &mut scenarios, &rt)?;
+    let names: Vec<(String, String)> = scenarios
+        .iter()
+        .map(|s| (s.kind().name().to_string(), s.kind().describe()))
+        .collect();
+    // Tear down before writing reports: nothing of ours stays running.
+    drop(scenarios);
+    let report = report::Report {
+        tool: "ambit-bench",
+        date,
+        commit,
+        mode: if args.smoke { "smoke" } else { "full" },
+        rounds: plan.rounds,
+        machine: report::Machine {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            loadavg_start,
+            loadavg_end: loadavg(),
+        },
+        params: serde_json::to_value(&plan)?,
+        metrics: report::catalogue(&plan.rates, plan.idle_conns),
+        scenarios: report::summarize(&names, &samples),
+    };
+    print_table(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, svg::chart(&report, &plan.rates))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)]
+fn print_table(report: &report::Report) {
+    println!(
+        "ambit-bench {} run, {}, commit {}, {} round(s), {} CPUs, load {} -> {}",
+        report.mode,
+        report.date,
+        report.commit,
+        report.rounds,
+        report.machine.cpus,
+        report.machine.loadavg_start,
+        report.machine.loadavg_end
+    );
+    for s in &report.scenarios {
+        println!("  {}: {}", s.name, s.description);
+    }
+    println!("medians; xN = ratio to baseline; (+N us) = added latency\n");
+    print!("{}", report::table(report));
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// The commit of the working directory (read-only git query), or "unknown".
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}

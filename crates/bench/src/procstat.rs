@@ -1,0 +1,78 @@
+//! Resource use of the proxy processes, read from `/proc`: resident memory (`VmRSS` in
+//! `/proc/<pid>/status`) and CPU time (`utime + stime` in `/proc/<pid>/stat`, all threads).
+
+use std::io;
+
+/// Clock ticks per second of `/proc/<pid>/stat` times. `USER_HZ` is 100 on every Linux
+/// architecture we run on (it is fixed in the kernel ABI, unlike `CONFIG_HZ`), so we avoid a
+/// `sysconf` call and the `libc` dependency it would need.
+const USER_HZ: f64 = 100.0;
+
+/// Resident set size of `pid` in KiB.
+pub fn rss_kib(pid: u32) -> io::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    parse_vmrss(&status).ok_or_else(|| io::Error::other(format!("no VmRSS for pid {pid}")))
+}
+
+/// User + system CPU seconds consumed so far by `pid` (every thread).
+pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_cpu_ticks(&stat)
+        .map(|ticks| ticks as f64 / USER_HZ)
+        .ok_or_else(|| io::Error::other(format!("unparsable /proc/{pid}/stat")))
+}
+
+/// Sum of [`cpu_seconds`] over `pids`.
+pub fn total_cpu_seconds(pids: &[u32]) -> io::Result<f64> {
+    pids.iter().map(|p| cpu_seconds(*p)).sum()
+}
+
+/// The soft limit on open files of this process (children inherit it).
+pub fn open_files_soft_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+fn parse_vmrss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name (field 2) is in parentheses and may contain spaces or ')'; the
+    // fields after the *last* ')' start with field 3 (state). utime and stime are fields
+    // 14 and 15, i.e. indexes 11 and 12 from there.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_vmrss() {
+        let s = "Name:\tambit\nVmPeak:\t  9000 kB\nVmRSS:\t   12345 kB\nThreads:\t3\n";
+        assert_eq!(parse_vmrss(s), Some(12345));
+        assert_eq!(parse_vmrss("Name: x\n"), None);
+    }
+
+    #[test]
+    fn parses_cpu_ticks_with_odd_names() {
+        let stat = "4242 (we ird) name)) S 1 4242 4242 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 3 0";
+        assert_eq!(parse_cpu_ticks(stat), Some(22));
+        assert_eq!(parse_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn reads_own_process() {
+        let me = std::process::id();
+        assert!(rss_kib(me).unwrap() > 0);
+        assert!(cpu_seconds(me).unwrap() >= 0.0);
+        assert!(open_files_soft_limit().unwrap() > 0);
+    }
+}

@@ -1,0 +1,232 @@
+//! The measurement plan and its execution: every measurement runs for every round and
+//! every scenario, interleaved (A B A B per measurement), so slow drift of a shared
+//! machine spreads over all scenarios instead of biasing one.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::load::{self, STOP};
+use crate::procstat;
+use crate::report::{self, PERCENTILES, Samples};
+use crate::scenario::{Scenario, ScenarioKind};
+
+/// Durations and sizes of one run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Plan {
+    /// Rounds per measurement.
+    pub rounds: usize,
+    /// Throughput window (after warm-up), per stream count.
+    #[serde(serialize_with = "secs")]
+    pub throughput: Duration,
+    /// Throughput warm-up before the window.
+    #[serde(serialize_with = "secs")]
+    pub warmup: Duration,
+    /// Latency run per rate.
+    #[serde(serialize_with = "secs")]
+    pub latency: Duration,
+    /// Request rates for the latency runs.
+    pub rates: Vec<u32>,
+    /// Connection-rate run.
+    #[serde(serialize_with = "secs")]
+    pub conn_rate: Duration,
+    /// Parallel connection loops in the connection-rate run.
+    pub conn_concurrency: usize,
+    /// Idle connections held open for the memory measurement.
+    pub idle_conns: usize,
+    /// Wait after opening them before reading RSS.
+    #[serde(serialize_with = "secs")]
+    pub settle: Duration,
+}
+
+impl Plan {
+    /// The default run: well under 5 minutes for two scenarios on 2 cores.
+    pub fn full() -> Self {
+        Self {
+            rounds: 3,
+            throughput: Duration::from_secs(3),
+            warmup: Duration::from_millis(500),
+            latency: Duration::from_secs(5),
+            rates: vec![1_000, 10_000],
+            conn_rate: Duration::from_secs(3),
+            conn_concurrency: 4,
+            idle_conns: 1_000,
+            settle: Duration::from_secs(1),
+        }
+    }
+
+    /// A few hundred milliseconds per measurement: checks that everything works.
+    pub fn smoke() -> Self {
+        Self {
+            rounds: 1,
+            throughput: Duration::from_millis(300),
+            warmup: Duration::from_millis(100),
+            latency: Duration::from_millis(400),
+            rates: vec![1_000, 10_000],
+            conn_rate: Duration::from_millis(300),
+            conn_concurrency: 4,
+            idle_conns: 200,
+            settle: Duration::from_millis(300),
+        }
+    }
+}
+
+/// Proxy memory, idle and with idle connections, in a *fresh* copy of the scenario: the
+/// proxies that ran the other measurements keep their allocator high-water mark, which
+/// would hide what connections cost (and make later rounds look cheaper than the first).
+fn memory(
+    plan: &Plan,
+    kind: ScenarioKind,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Vec<(String, f64)>> {
+    let mut fresh = Scenario::start(kind, rt.handle()).context("fresh scenario")?;
+    let pids = fresh.proxy_pids();
+    let rss = || -> Result<f64> {
+        let kib: u64 = pids
+            .iter()
+            .map(|p| procstat::rss_kib(*p))
+            .sum::<std::io::Result<u64>>()?;
+        Ok(kib as f64)
+    };
+    std::thread::sleep(plan.settle);
+    let idle = rss()?;
+    let client = fresh.client().clone();
+    let conns = rt.block_on(load::open_idle(client, fresh.echo_addr(), plan.idle_conns))?;
+    std::thread::sleep(plan.settle);
+    let with = rss()?;
+    fresh.check_alive()?;
+    drop(conns);
+    let per_conn = (with - idle) * 1024.0 / plan.idle_conns.max(1) as f64;
+    Ok(vec![
+        (report::RSS_IDLE.into(), idle),
+        (report::RSS_CONNS.into(), with),
+        (report::PER_CONN.into(), per_conn),
+    ])
+}
+
+/// Durations in the JSON as seconds.
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// What is measured, in order.
+#[derive(Clone, Copy, Debug)]
+enum Measurement {
+    Throughput,
+    Latency(u32),
+    ConnRate,
+    Memory,
+}
+
+impl std::fmt::Display for Measurement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Throughput => write!(f, "throughput"),
+            Self::Latency(r) => write!(f, "latency @ {r} req/s"),
+            Self::ConnRate => write!(f, "connection rate"),
+            Self::Memory => write!(f, "memory"),
+        }
+    }
+}
+
+/// Runs `plan` over `scenarios`; returns one sample map per scenario.
+pub fn execute(
+    plan: &Plan,
+    scenarios: &mut [Scenario],
+    rt: &tokio::runtime::Runtime,
+) -> Result<Vec<Samples>> {
+    let mut samples = vec![Samples::new(); scenarios.len()];
+    let mut measurements = vec![Measurement::Throughput];
+    measurements.extend(plan.rates.iter().map(|r| Measurement::Latency(*r)));
+    measurements.extend([Measurement::ConnRate, Measurement::Memory]);
+    for m in measurements {
+        for round in 0..plan.rounds {
+            for (sc, out) in scenarios.iter_mut().zip(samples.iter_mut()) {
+                if STOP.load(Ordering::Relaxed) {
+                    bail!("interrupted");
+                }
+                let name = sc.kind().name().to_string();
+                let values = measure(m, plan, sc, rt)
+                    .with_context(|| format!("{m}, round {}, scenario {name}", round + 1))?;
+                sc.check_alive()
+                    .with_context(|| format!("after {m} in scenario {name}"))?;
+                let shown: Vec<String> = values
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", report::fmt_value(*v)))
+                    .collect();
+                eprintln!(
+                    "[{}/{}] {name:>9} {m}: {}",
+                    round + 1,
+                    plan.rounds,
+                    shown.join(" ")
+                );
+                for (k, v) in values {
+                    out.entry(k).or_default().push(v);
+                }
+                // Let the previous run's connections close before the next one starts.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    Ok(samples)
+}
+
+fn measure(
+    m: Measurement,
+    plan: &Plan,
+    sc: &mut Scenario,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Vec<(String, f64)>> {
+    let pids = sc.proxy_pids();
+    let proxied = sc.has_proxies();
+    let client = sc.client().clone();
+    match m {
+        Measurement::Throughput => {
+            let cpu = || procstat::total_cpu_seconds(&pids).unwrap_or(0.0);
+            let mut out = Vec::new();
+            let (mut bytes, mut cpu_s) = (0u64, 0.0);
+            for streams in [1, 4] {
+                let t = rt.block_on(load::throughput(
+                    &client,
+                    sc.discard_addr(),
+                    streams,
+                    plan.warmup,
+                    plan.throughput,
+                    &sc.received,
+                    cpu,
+                ))?;
+                bytes += t.bytes;
+                cpu_s += t.proxy_cpu;
+                out.push((report::throughput_key(streams), t.rate()));
+            }
+            if proxied {
+                out.push((report::CPU_PER_GB.into(), cpu_s / (bytes as f64 / 1e9)));
+            }
+            Ok(out)
+        }
+        Measurement::Latency(rate) => {
+            let l = load::latency(&client, sc.echo_addr(), rate, plan.latency)?;
+            let mut out: Vec<(String, f64)> = PERCENTILES
+                .iter()
+                .map(|(suffix, _, q)| {
+                    let us = l.histogram.value_at_quantile(*q) as f64 / 1000.0;
+                    (report::latency_key(rate, suffix), us)
+                })
+                .collect();
+            out.push((report::achieved_key(rate), l.achieved_rate));
+            Ok(out)
+        }
+        Measurement::ConnRate => {
+            let cps = rt.block_on(load::connection_rate(
+                client,
+                sc.echo_addr(),
+                plan.conn_concurrency,
+                plan.conn_rate,
+            ))?;
+            Ok(vec![(report::CONN_RATE.into(), cps)])
+        }
+        Measurement::Memory if !proxied => Ok(Vec::new()),
+        Measurement::Memory => memory(plan, sc.kind().clone(), rt),
+    }
+}
