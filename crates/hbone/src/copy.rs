@@ -5,9 +5,9 @@
 //!   END_STREAM becomes `shutdown()` (FIN) on the socket; the other direction keeps going.
 //! - Socket → tunnel reads into one reusable buffer and hands h2 zero-copy slices of it;
 //!   tunnel → socket writes h2's received chunks directly, without an intermediate copy.
-//! - The read buffer starts at 16 KiB (cheap for the many small, chatty connections) and
-//!   grows once to 256 KiB when a flow proves to be bulk, so large transfers move in big
-//!   frames without per-chunk allocation.
+//! - The read buffer starts at 4 KiB (cheap for the many small, mostly idle connections),
+//!   grows to 16 KiB after 64 KiB and to 256 KiB when a flow proves to be bulk (1 MiB), so
+//!   large transfers move in big frames without per-chunk allocation.
 
 use std::fmt;
 use std::future::poll_fn;
@@ -20,8 +20,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::stream::H2Stream;
 
+const TINY_BUF: usize = 4 * 1024;
 const SMALL_BUF: usize = 16 * 1024;
 const LARGE_BUF: usize = 256 * 1024;
+/// Bytes moved in one direction after which a flow is more than a chatty exchange.
+const CHATTY_THRESHOLD: u64 = 64 * 1024;
 /// Bytes moved in one direction after which the flow counts as bulk.
 const BULK_THRESHOLD: u64 = 1024 * 1024;
 
@@ -164,10 +167,14 @@ impl Upstream {
     /// it, so a steady flow reuses one buffer; zero-filling (`resize`) is the price of
     /// staying in safe code and is paid once per byte of buffer, not per read.
     fn refill(&mut self) {
+        // Most connections are small and then sit idle for a long time: a 4 KiB buffer keeps
+        // their memory low; flows that keep going earn bigger reads.
         let target = if self.total >= BULK_THRESHOLD {
             LARGE_BUF
-        } else {
+        } else if self.total >= CHATTY_THRESHOLD {
             SMALL_BUF
+        } else {
+            TINY_BUF
         };
         if self.buf.len() >= target / 4 {
             return;
