@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ambit_netns::{SocketFactory, SocketOptions};
 use ambit_topology::Topology;
 use mesh::{APP_PORT, Proc, connect_from, eventually, exchange};
 
@@ -202,30 +201,7 @@ impl ControlMesh {
 
     fn start_app(&self) {
         let ns = self.topo.pod("server").netns();
-        let listener = mesh::app_factory(ns)
-            .new_tcp_listener(
-                SocketAddr::from(([0, 0, 0, 0], APP_PORT)),
-                &SocketOptions::default(),
-            )
-            .unwrap();
-        self.rt.spawn(async move {
-            use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            while let Ok((stream, peer)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let (r, mut w) = stream.into_split();
-                    let _ = w
-                        .write_all(format!("hello {}\n", peer.ip()).as_bytes())
-                        .await;
-                    let mut lines = BufReader::new(r).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        if w.write_all(format!("{line}\n").as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
+        mesh::spawn_app(&self.rt, ns, SocketAddr::from(([0, 0, 0, 0], APP_PORT)));
     }
 
     fn reachable(&self, from: &str, dst: SocketAddr) -> bool {

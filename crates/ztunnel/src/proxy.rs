@@ -220,6 +220,35 @@ impl Proxy {
 
 pub use pool::CONNECT_TIMEOUT;
 
+/// The accept loop every listener shares: each connection runs `handle` in a task owned by
+/// the loop and holding a drain watcher; on drain the listener closes (no new connections) and
+/// the loop waits for its connections (the proxy's drain deadline cuts them).
+async fn accept_loop<F, Fut>(
+    name: &'static str,
+    listener: TcpListener,
+    drain: crate::drain::DrainWatcher,
+    handle: F,
+) where
+    F: Fn(tokio::net::TcpStream, SocketAddr, crate::drain::DrainWatcher) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = drain.signaled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    conns.spawn(handle(stream, peer, drain.clone()));
+                }
+                Err(e) => accept_error(name, e).await,
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
 /// Accept errors (EMFILE, ECONNABORTED, ...) must not spin the loop: log and pause briefly.
 async fn accept_error(listener: &'static str, e: std::io::Error) {
     tracing::warn!(listener, error = %e, "accept failed");

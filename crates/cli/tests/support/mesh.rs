@@ -393,33 +393,7 @@ impl Mesh {
     }
 
     pub fn start_app_in(&self, ns: &Namespace, addr: SocketAddr) {
-        let listener = app_factory(ns)
-            .new_tcp_listener(addr, &SocketOptions::default())
-            .unwrap();
-        self.rt.spawn(async move {
-            use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            loop {
-                let Ok((stream, peer)) = listener.accept().await else {
-                    return;
-                };
-                tokio::spawn(async move {
-                    let (r, mut w) = stream.into_split();
-                    if w.write_all(format!("hello {}\n", peer.ip()).as_bytes())
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                    let mut lines = BufReader::new(r).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        if w.write_all(format!("{line}\n").as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
+        spawn_app(&self.rt, ns, addr);
     }
 
     pub fn ztunnel_log(&self, pod: &str) -> String {
@@ -437,6 +411,35 @@ impl Mesh {
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
+}
+
+/// The test app in `ns` on `addr`: greets with the peer address it sees, then echoes each
+/// line. Served on `rt`.
+pub fn spawn_app(rt: &tokio::runtime::Runtime, ns: &Namespace, addr: SocketAddr) {
+    let listener = app_factory(ns)
+        .new_tcp_listener(addr, &SocketOptions::default())
+        .unwrap();
+    rt.spawn(async move {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        while let Ok((stream, peer)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (r, mut w) = stream.into_split();
+                if w.write_all(format!("hello {}\n", peer.ip()).as_bytes())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let mut lines = BufReader::new(r).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if w.write_all(format!("{line}\n").as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
 }
 
 /// Sum of a counter over the series whose label text contains every `needle`.

@@ -14,7 +14,6 @@ use ambit_tls::rustls::ServerConfig;
 use ambit_tls::tokio_rustls::TlsAcceptor;
 use http::{HeaderMap, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 
 use super::upstream::{baggage_for, connect_app, insert_baggage};
 use super::{ProxyInputs, observe};
@@ -52,24 +51,10 @@ impl TlsCache {
 
 pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
     let tls = Arc::new(TlsCache::default());
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = drain.signaled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let inputs = inputs.clone();
-                    let tls = tls.clone();
-                    let drain = drain.clone();
-                    conns.spawn(async move { handle_conn(stream, peer, inputs, tls, drain).await });
-                }
-                Err(e) => super::accept_error("inbound", e).await,
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    drop(listener);
-    while conns.join_next().await.is_some() {}
+    super::accept_loop("inbound", listener, drain, move |stream, peer, watcher| {
+        handle_conn(stream, peer, inputs.clone(), tls.clone(), watcher)
+    })
+    .await;
 }
 
 async fn handle_conn(

@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 
 use ambit_model::authz::Connection;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 
 use super::upstream::connect_app;
 use super::{ProxyInputs, observe};
@@ -18,26 +17,19 @@ use crate::telemetry::{
 };
 
 pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = drain.signaled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let inputs = inputs.clone();
-                    let watcher = drain.clone();
-                    conns.spawn(async move {
-                        handle(stream, peer, &inputs).await;
-                        drop(watcher);
-                    });
-                }
-                Err(e) => super::accept_error("inbound plaintext", e).await,
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    drop(listener);
-    while conns.join_next().await.is_some() {}
+    super::accept_loop(
+        "inbound plaintext",
+        listener,
+        drain,
+        move |stream, peer, watcher| {
+            let inputs = inputs.clone();
+            async move {
+                handle(stream, peer, &inputs).await;
+                drop(watcher);
+            }
+        },
+    )
+    .await;
 }
 
 async fn handle(mut stream: TcpStream, peer: SocketAddr, inputs: &ProxyInputs) {

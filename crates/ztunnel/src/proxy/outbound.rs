@@ -11,7 +11,6 @@ use ambit_model::{Service, SpiffeId, Workload};
 use http::{HeaderMap, HeaderValue};
 use rand::seq::IndexedRandom;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 
 use super::observe;
 use super::upstream::{baggage_for, insert_baggage};
@@ -63,26 +62,14 @@ pub enum Route {
 }
 
 pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = drain.signaled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let inputs = inputs.clone();
-                    let watcher = drain.clone();
-                    conns.spawn(async move {
-                        handle(stream, peer, &inputs).await;
-                        drop(watcher);
-                    });
-                }
-                Err(e) => super::accept_error("outbound", e).await,
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+    super::accept_loop("outbound", listener, drain, move |stream, peer, watcher| {
+        let inputs = inputs.clone();
+        async move {
+            handle(stream, peer, &inputs).await;
+            drop(watcher);
         }
-    }
-    drop(listener);
-    while conns.join_next().await.is_some() {}
+    })
+    .await;
 }
 
 async fn handle(mut stream: TcpStream, peer: SocketAddr, inputs: &ProxyInputs) {
