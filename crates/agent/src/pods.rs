@@ -2,8 +2,9 @@
 //! of this node's pods and all namespaces, and the annotation sink) and
 //! [`LocalPodSource`], an in-memory source driven by the embedded mesh and by tests.
 //!
-//! A Kubernetes-backed source (informers on `spec.nodeName`, merge patches on
-//! `pods/status`) implements the same trait; it is not part of this crate yet.
+//! [`kube::KubePodSource`] implements the same trait against the Kubernetes API server
+//! (reflectors on `spec.nodeName`, merge patches on `pods/status`);
+//! [`kube::from_environment`] builds it in-cluster or from `KUBECONFIG`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -107,11 +108,51 @@ pub enum PodEvent {
 }
 
 /// Failure writing to the source.
+///
+/// Callers tell "the pod is gone" ([`SourceError::is_pod_gone`]: stop retrying, the delete
+/// event follows) from failures worth a retry ([`SourceError::is_retryable`]).
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The pod does not exist (any more).
     #[error("pod {0} not found")]
     NotFound(String),
+    /// The API server answered with an error status other than 404 (403 forbidden, 409
+    /// conflict, 429 throttled, 5xx, …).
+    #[error("API server answered {status} for pod {pod}: {message}")]
+    Api {
+        /// `namespace/name`.
+        pod: String,
+        /// HTTP status.
+        status: u16,
+        /// The server's reason and message.
+        message: String,
+    },
+    /// No answer: connecting, TLS, timeouts, broken or malformed responses, credentials.
+    #[error("reaching the API server for pod {pod}: {reason}")]
+    Transport {
+        /// `namespace/name`.
+        pod: String,
+        /// What failed (the client error with its causes).
+        reason: String,
+    },
+}
+
+impl SourceError {
+    /// The pod is gone: retrying cannot succeed, and the pod's delete event will clean up.
+    pub fn is_pod_gone(&self) -> bool {
+        matches!(self, Self::NotFound(_))
+    }
+
+    /// Whether the same write may succeed later. Everything except a gone pod and a
+    /// request the server rejects as malformed (400, 415, 422: the same patch fails again)
+    /// is retried; 403 included, as RBAC may still be propagating or be restored.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::NotFound(_) => false,
+            Self::Api { status, .. } => !matches!(status, 400 | 415 | 422),
+            Self::Transport { .. } => true,
+        }
+    }
 }
 
 /// Pods of this node, all namespaces, and the annotation sink.

@@ -11,7 +11,7 @@ use ambit_redirect::{IfaceName, InPod, PodRedirectConfig};
 use super::runner::FdRunner;
 use super::verify::{rules_present, ztunnel_listening};
 use super::{Core, Key};
-use crate::pods::{ENABLED, PENDING, Pod, PodSource};
+use crate::pods::{ENABLED, PENDING, Pod, PodSource, SourceError};
 use crate::zds::{ZdsError, ZdsPod};
 
 /// Per-pod traffic override annotations (§2).
@@ -50,15 +50,20 @@ pub enum MeshError {
     /// Host probe set update failed (retryable).
     #[error("probe set: {0}")]
     ProbeSet(String),
-    /// Writing the annotation failed (retryable).
+    /// Writing the annotation failed: retried unless the pod is gone (its delete event
+    /// cleans up) or the server rejects the patch itself.
     #[error("annotating: {0}")]
-    Annotate(String),
+    Annotate(#[source] SourceError),
 }
 
 impl MeshError {
     /// Whether the worker retries it.
     pub fn retryable(&self) -> bool {
-        !matches!(self, Self::Netns { .. } | Self::Rules(_))
+        match self {
+            Self::Netns { .. } | Self::Rules(_) => false,
+            Self::Zds(_) | Self::ProbeSet(_) => true,
+            Self::Annotate(e) => e.is_retryable(),
+        }
     }
 }
 
@@ -115,7 +120,7 @@ impl<S: PodSource> Core<S> {
         self.source
             .annotate(&pod.namespace, &pod.name, value)
             .await
-            .map_err(|e| MeshError::Annotate(e.to_string()))
+            .map_err(MeshError::Annotate)
     }
 
     pub(super) fn zds_pod(pod: &Pod, netns: &Arc<NetnsFd>) -> ZdsPod {
@@ -275,8 +280,14 @@ impl<S: PodSource> Core<S> {
         enrolled.remove(&pod.uid);
         self.zds.del(&pod.uid).await?;
         match self.annotate(pod, None).await {
-            Err(e) if !is_delete => Err(e),
-            _ => Ok(()),
+            Ok(()) => Ok(()),
+            // A deleted pod needs no annotation removed; neither does one that vanished
+            // while being un-enrolled (nothing left to retry).
+            Err(MeshError::Annotate(e)) if is_delete || e.is_pod_gone() => {
+                tracing::debug!(pod = %pod.name, error = %e, "annotation not removed: pod gone");
+                Ok(())
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -361,4 +372,52 @@ async fn listening(netns: &Arc<NetnsFd>) -> bool {
     tokio::task::spawn_blocking(move || ztunnel_listening(&netns))
         .await
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_errors_are_retried() {
+        let api = |status| {
+            MeshError::Annotate(SourceError::Api {
+                pod: "ns/p".into(),
+                status,
+                message: "m".into(),
+            })
+        };
+        let cases = [
+            (
+                MeshError::Annotate(SourceError::NotFound("ns/p".into())),
+                false,
+            ),
+            (api(403), true),
+            (api(409), true),
+            (api(429), true),
+            (api(500), true),
+            (api(503), true),
+            (api(400), false),
+            (api(422), false),
+            (
+                MeshError::Annotate(SourceError::Transport {
+                    pod: "ns/p".into(),
+                    reason: "connection refused".into(),
+                }),
+                true,
+            ),
+            (MeshError::ProbeSet("x".into()), true),
+            (MeshError::Rules("x".into()), false),
+            (
+                MeshError::Netns {
+                    path: None,
+                    reason: "x".into(),
+                },
+                false,
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.retryable(), want, "{e}");
+        }
+    }
 }

@@ -75,19 +75,53 @@ impl PodSource for KubePodSource {
         let patch = json!({"metadata": {"annotations": {REDIRECTION_ANNOTATION: value}}});
         let pod = format!("{namespace}/{name}");
         async move {
-            match client.merge_patch(&path, &patch).await {
-                Ok(_) => Ok(()),
-                Err(e) => {
-                    // `SourceError` has no variant for API failures yet: the real error is
-                    // logged here; the caller retries either way.
-                    if !e.is_not_found() {
-                        tracing::warn!(pod = %pod, error = %e, "annotation patch failed");
-                    }
-                    Err(SourceError::NotFound(pod))
-                }
-            }
+            client
+                .merge_patch(&path, &patch)
+                .await
+                .map(drop)
+                .map_err(|e| source_error(pod, &e))
         }
     }
+}
+
+/// A client error as the agent sees it: 404 means the pod is gone, other statuses are API
+/// refusals, everything else never got an answer.
+pub(crate) fn source_error(pod: String, e: &ambit_kubeapi::Error) -> SourceError {
+    use ambit_kubeapi::Error as E;
+    match e {
+        E::Status { status: 404, .. } => SourceError::NotFound(pod),
+        E::Status {
+            status,
+            reason,
+            message,
+            ..
+        } => SourceError::Api {
+            pod,
+            status: *status,
+            message: format!("{reason}: {message}"),
+        },
+        E::Gone { message } => SourceError::Api {
+            pod,
+            status: 410,
+            message: message.clone(),
+        },
+        other => SourceError::Transport {
+            pod,
+            reason: error_chain(other),
+        },
+    }
+}
+
+/// `error: cause: cause …`, so a transport failure names its root cause.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
 }
 
 /// Initial sync (namespaces, then pods, then `Synced`), then both watches until the receiver
@@ -383,6 +417,87 @@ mod tests {
             recv(&mut rx).await,
             PodEvent::NamespaceDeleted("apps".into())
         );
+    }
+
+    #[tokio::test]
+    async fn annotation_failures_are_classified() {
+        use ambit_kubeapi::testing::Route;
+        let server = FakeApiServer::start().await.unwrap();
+        server.apply(PODS, pod("apps", "mine", "n1"));
+        let source = KubePodSource::new(Client::new(server.config()).unwrap(), "n1");
+        let path = "/api/v1/namespaces/apps/pods/mine/status";
+        let status = |code: u16, reason: &str| {
+            json!({"kind": "Status", "status": "Failure", "reason": reason,
+                   "message": format!("injected {code}"), "code": code})
+            .to_string()
+        };
+        // (injected status, body, expected error: (variant, status), pod gone, retryable)
+        let cases = [
+            (404, status(404, "NotFound"), ("NotFound", 0), true, false),
+            (403, status(403, "Forbidden"), ("Api", 403), false, true),
+            (409, status(409, "Conflict"), ("Api", 409), false, true),
+            (422, status(422, "Invalid"), ("Api", 422), false, false),
+            (500, status(500, "InternalError"), ("Api", 500), false, true),
+            (
+                502,
+                "<html>bad gateway</html>".into(),
+                ("Api", 502),
+                false,
+                true,
+            ),
+        ];
+        for (code, body, (variant, want_status), gone, retry) in cases {
+            server.respond_once(Route::Patch(path.into()), code, body);
+            let err = source
+                .annotate("apps", "mine", Some("enabled"))
+                .await
+                .unwrap_err();
+            let got = match &err {
+                SourceError::NotFound(p) => {
+                    assert_eq!(p, "apps/mine");
+                    ("NotFound", 0)
+                }
+                SourceError::Api {
+                    pod,
+                    status,
+                    message,
+                } => {
+                    assert_eq!(pod, "apps/mine");
+                    assert!(!message.is_empty(), "{code}: empty message");
+                    ("Api", *status)
+                }
+                SourceError::Transport { .. } => ("Transport", 0),
+            };
+            assert_eq!(got, (variant, want_status), "{code}: {err}");
+            assert_eq!(
+                (err.is_pod_gone(), err.is_retryable()),
+                (gone, retry),
+                "{code}"
+            );
+        }
+        // The injected answers are used up: the next patch goes through.
+        source
+            .annotate("apps", "mine", Some("enabled"))
+            .await
+            .unwrap();
+
+        // No server at all: a transport error naming the cause, retryable.
+        let addr = {
+            let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            closed.local_addr().unwrap()
+        };
+        let gone = KubePodSource::new(
+            Client::new(ambit_kubeapi::KubeConfig::for_url(&format!("http://{addr}")).unwrap())
+                .unwrap(),
+            "n1",
+        );
+        let err = gone.annotate("apps", "mine", None).await.unwrap_err();
+        assert!(
+            matches!(&err, SourceError::Transport { reason, .. } if reason.contains("connecting to the API server")
+                && reason.contains("refused")),
+            "{err}"
+        );
+        assert!(err.is_retryable() && !err.is_pod_gone());
     }
 
     #[test]
