@@ -38,6 +38,11 @@ pub enum ConfigError {
     NoCa { url: String },
     #[error("building the TLS configuration")]
     Tls(#[source] ambit_tls::ConfigError),
+    #[error(
+        "no Kubernetes API configuration: KUBECONFIG is not set, KUBERNETES_SERVICE_HOST is \
+         not set (not in a pod) and {home_config} does not exist"
+    )]
+    NoConfig { home_config: String },
 }
 
 /// `http` or `https`.
@@ -208,6 +213,45 @@ impl KubeConfig {
             tls_server_name: None,
             auth: Auth::TokenFile(sa_dir.join("token")),
         })
+    }
+
+    /// The configuration a client in this environment should use, in client-go's order:
+    ///
+    /// 1. `KUBECONFIG` when set: the first file of the `:`-separated list that exists (lists
+    ///    are not merged); a set variable naming no existing file is an error, not a
+    ///    fallback, so a typo is not silently replaced by other credentials.
+    /// 2. In-cluster ([`KubeConfig::in_cluster`]) when `KUBERNETES_SERVICE_HOST` is set.
+    /// 3. `$HOME/.kube/config` when it exists.
+    ///
+    /// `var` looks variables up (the library never reads the environment itself).
+    pub fn from_environment(
+        var: impl Fn(&str) -> Option<String>,
+        sa_dir: &Path,
+    ) -> Result<Self, ConfigError> {
+        let set = |name: &str| var(name).filter(|v| !v.is_empty());
+        if let Some(list) = set("KUBECONFIG") {
+            let files: Vec<&str> = list.split(':').filter(|f| !f.is_empty()).collect();
+            let first = files
+                .iter()
+                .map(Path::new)
+                .find(|f| f.exists())
+                .or_else(|| files.first().map(Path::new))
+                .ok_or(ConfigError::MissingVar("KUBECONFIG"))?;
+            return Self::from_kubeconfig_file(first);
+        }
+        if set("KUBERNETES_SERVICE_HOST").is_some() {
+            return Self::in_cluster(var, sa_dir);
+        }
+        let home_config = set("HOME").map(|h| Path::new(&h).join(".kube").join("config"));
+        match home_config {
+            Some(path) if path.exists() => Self::from_kubeconfig_file(&path),
+            other => Err(ConfigError::NoConfig {
+                home_config: other.map_or_else(
+                    || "$HOME/.kube/config (HOME unset)".to_string(),
+                    |p| p.display().to_string(),
+                ),
+            }),
+        }
     }
 
     /// Reads a kubeconfig file and uses its `current-context`.
@@ -523,6 +567,67 @@ mod tests {
             err,
             ConfigError::MissingVar("KUBERNETES_SERVICE_HOST")
         ));
+    }
+
+    #[test]
+    fn environment_precedence() {
+        let dir = tempfile::tempdir().unwrap();
+        let sa = dir.path().join("sa");
+        std::fs::create_dir(&sa).unwrap();
+        std::fs::write(sa.join("ca.crt"), "PEM").unwrap();
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(home.join(".kube")).unwrap();
+        let kc = |server: &str| KUBECONFIG.replace("https://127.0.0.1:6443", server);
+        std::fs::write(home.join(".kube/config"), kc("https://home:1")).unwrap();
+        let explicit = dir.path().join("explicit");
+        std::fs::write(&explicit, kc("https://explicit:2")).unwrap();
+        let (explicit, missing) = (
+            explicit.display().to_string(),
+            dir.path().join("missing").display().to_string(),
+        );
+        let list = format!("{missing}:{explicit}");
+        let home_s = home.display().to_string();
+        let empty_home = dir.path().display().to_string();
+        let in_cluster = [
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+        ];
+        // (variables, server chosen or the error's Debug prefix)
+        let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+            (
+                vec![("KUBECONFIG", &explicit), in_cluster[0], in_cluster[1]],
+                "https://explicit:2",
+            ),
+            (
+                vec![("KUBECONFIG", &list), ("HOME", &home_s)],
+                "https://explicit:2",
+            ),
+            (vec![("KUBECONFIG", &missing), ("HOME", &home_s)], "Read"),
+            (vec![("KUBECONFIG", ":")], "MissingVar"),
+            (
+                vec![in_cluster[0], in_cluster[1], ("HOME", &home_s)],
+                "https://10.96.0.1:443",
+            ),
+            (vec![in_cluster[0], ("HOME", &home_s)], "MissingVar"),
+            (
+                vec![("KUBECONFIG", ""), ("HOME", &home_s)],
+                "https://home:1",
+            ),
+            (vec![("HOME", &empty_home)], "NoConfig"),
+            (vec![], "NoConfig"),
+        ];
+        for (vars, want) in cases {
+            let lookup = |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            };
+            let got = match KubeConfig::from_environment(lookup, &sa) {
+                Ok(c) => c.server.to_string(),
+                Err(e) => format!("{e:?}"),
+            };
+            assert!(got.starts_with(want), "{vars:?}: {got}");
+        }
     }
 
     const KUBECONFIG: &str = r#"

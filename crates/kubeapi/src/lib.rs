@@ -14,7 +14,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`config`] | [`KubeConfig`]: in-cluster service account or kubeconfig file (server, CA, token) |
+//! | [`config`] | [`KubeConfig`]: in-cluster service account or kubeconfig file (server, CA, token); [`KubeConfig::from_environment`] picks one as client-go does |
 //! | [`client`] | [`Client`]: `list`, `watch`, `get`, `merge_patch`; typed [`Error`]s; size and time [`Limits`] |
 //! | [`watch`] | [`WatchStream`] of [`WatchEvent`]s: newline-delimited JSON with a bounded line size |
 //! | [`reflector`] | [`Reflector`]: list + watch with a map by (namespace, name), relist on 410 |

@@ -10,15 +10,63 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::IpAddr;
+use std::path::Path;
 use std::time::Duration;
 
-use ambit_kubeapi::{Client, Reflector, ReflectorEvent};
+use ambit_kubeapi::{Client, KubeConfig, Reflector, ReflectorEvent, SERVICE_ACCOUNT_DIR};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::{Namespace, Pod, PodEvent, PodPhase, PodSource, REDIRECTION_ANNOTATION, SourceError};
+
+/// Why no [`KubePodSource`] could be built from the environment.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSetupError {
+    /// `NODE_NAME` is empty: the pod watch would select unscheduled pods of every node.
+    #[error("NODE_NAME must be set to watch this node's pods from the Kubernetes API")]
+    NoNodeName,
+    /// No usable API server configuration (see [`KubeConfig::from_environment`]).
+    #[error("Kubernetes API client configuration: {0}")]
+    Config(#[from] ambit_kubeapi::ConfigError),
+}
+
+/// A client for the API server this process should talk to: `KUBECONFIG` when set, else
+/// in-cluster (`KUBERNETES_SERVICE_HOST`/`_PORT`, the service-account token and CA under
+/// [`SERVICE_ACCOUNT_DIR`]), else `$HOME/.kube/config`. `vars` are the process's variables
+/// (the library never reads the environment itself).
+pub fn client_from_environment(vars: &[(String, String)]) -> Result<Client, KubeSetupError> {
+    client_from_environment_in(vars, Path::new(SERVICE_ACCOUNT_DIR))
+}
+
+/// [`client_from_environment`] with another service-account directory (tests).
+pub fn client_from_environment_in(
+    vars: &[(String, String)],
+    sa_dir: &Path,
+) -> Result<Client, KubeSetupError> {
+    // Last assignment wins, as in a process environment built by appending.
+    let var = |name: &str| {
+        vars.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let config = KubeConfig::from_environment(var, sa_dir)?;
+    Ok(Client::new(config)?)
+}
+
+/// The agent's pod source for the node `node` (`NODE_NAME`), with a client from
+/// [`client_from_environment`].
+pub fn from_environment(
+    vars: &[(String, String)],
+    node: &str,
+) -> Result<KubePodSource, KubeSetupError> {
+    if node.is_empty() {
+        return Err(KubeSetupError::NoNodeName);
+    }
+    Ok(KubePodSource::new(client_from_environment(vars)?, node))
+}
 
 const NAMESPACES: &str = "/api/v1/namespaces";
 const PODS: &str = "/api/v1/pods";
@@ -32,6 +80,11 @@ pub struct KubePodSource {
 }
 
 impl KubePodSource {
+    /// The API client (shared with other lookups, e.g. the shutdown DaemonSet check).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Watches pods with `spec.nodeName == node`.
     pub fn new(client: Client, node: impl Into<String>) -> Self {
         Self {
@@ -498,6 +551,75 @@ mod tests {
             "{err}"
         );
         assert!(err.is_retryable() && !err.is_pod_gone());
+    }
+
+    #[tokio::test]
+    async fn built_from_the_environment() {
+        let server = FakeApiServer::start().await.unwrap();
+        server.apply(NAMESPACES, json!({"metadata": {"name": "apps"}}));
+        server.apply(PODS, pod("apps", "mine", "n1"));
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "current-context: c\nclusters: [{{name: k, cluster: {{server: '{}'}}}}]\n\
+                 contexts: [{{name: c, context: {{cluster: k, user: u}}}}]\n\
+                 users: [{{name: u, user: {{token: t0ken}}}}]\n",
+                server.url()
+            ),
+        )
+        .unwrap();
+        let vars = |kv: &[(&str, &str)]| -> Vec<(String, String)> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let kc = kubeconfig.display().to_string();
+
+        let source = from_environment(&vars(&[("KUBECONFIG", &kc)]), "n1").unwrap();
+        let mut rx = source.watch();
+        assert!(matches!(recv(&mut rx).await, PodEvent::Namespace(ns) if ns.name == "apps"));
+        assert!(matches!(recv(&mut rx).await, PodEvent::Pod(p) if p.name == "mine"));
+        assert_eq!(recv(&mut rx).await, PodEvent::Synced);
+        let requests = server.requests();
+        assert!(
+            requests
+                .iter()
+                .all(|r| r.authorization.as_deref() == Some("Bearer t0ken")),
+            "{requests:?}"
+        );
+
+        // Bad environments are errors, never panics.
+        let sa = dir.path().join("no-sa");
+        type Vars = Vec<(String, String)>;
+        let cases: Vec<(Vars, &str, &str)> = vec![
+            (vars(&[("KUBECONFIG", &kc)]), "", "NODE_NAME"),
+            (vars(&[]), "n1", "no Kubernetes API configuration"),
+            (
+                vars(&[
+                    ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                    ("KUBERNETES_SERVICE_PORT", "443"),
+                ]),
+                "n1",
+                "no-sa/ca.crt",
+            ),
+            (
+                vars(&[("KUBECONFIG", &dir.path().join("nope").display().to_string())]),
+                "n1",
+                "nope",
+            ),
+        ];
+        for (vars, node, want) in cases {
+            let result = if node.is_empty() {
+                from_environment(&vars, node).map(drop)
+            } else {
+                client_from_environment_in(&vars, &sa).map(drop)
+            };
+            let err = result.unwrap_err();
+            let text = format!("{err}: {:?}", err);
+            assert!(text.contains(want), "{vars:?}: {text}");
+        }
     }
 
     #[test]
