@@ -4,8 +4,9 @@
 //! loop (keeps the pod/namespace cache current and queues work; it never blocks on rule
 //! tools or ztunnel so the plugin path always sees fresh pods), the worker (runs queued
 //! reconciles one at a time and retries failures with per-pod backoff 5 ms → 5 s), the ZDS
-//! server, the plugin-event HTTP server, health and metrics servers, and the verification
-//! loop. Mesh operations (add, remove, verify) are serialised by one async lock over the
+//! server, the plugin-event HTTP server, health and metrics servers, the verification
+//! loop and the CNI installer loop ([`crate::installer`]; `/readyz` is true only while the
+//! agent is started *and* the last installer pass left everything in place). Mesh operations (add, remove, verify) are serialised by one async lock over the
 //! enrolled-pod table, so a CNI ADD, a label change and a verification pass never
 //! interleave on one pod.
 
@@ -29,6 +30,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use crate::config::AgentConfig;
+use crate::installer::{EntryInputs, Installer, plugin_entry};
 use crate::plugin::PLUGIN_SOCKET;
 use crate::plugin_log::{LOG_SOCKET, LogServer, PluginLogError};
 use crate::pods::{Cache, Pod, PodEvent, PodSource};
@@ -88,7 +90,12 @@ pub(crate) struct Core<S> {
     host_runner: HostRunner,
     metrics: Arc<Metrics>,
     work: mpsc::UnboundedSender<Work>,
+    /// What `/readyz` answers: `server_ready && install_ready` (§6.2).
     ready: AtomicBool,
+    /// The ambient server is up (§1.3 step 8 done).
+    server_ready: AtomicBool,
+    /// The last installer pass succeeded.
+    install_ready: AtomicBool,
 }
 
 impl<S> std::fmt::Debug for Core<S> {
@@ -106,6 +113,24 @@ impl<S> Core<S> {
 
     fn probe_runner(&self) -> HostRunner {
         self.host_runner.clone()
+    }
+
+    fn update_ready(&self) {
+        let install = self.install_ready.load(Ordering::SeqCst);
+        self.metrics.install_ready.set(i64::from(install));
+        self.ready.store(
+            install && self.server_ready.load(Ordering::SeqCst),
+            Ordering::SeqCst,
+        );
+    }
+
+    fn install_ready(&self) -> bool {
+        self.install_ready.load(Ordering::SeqCst)
+    }
+
+    fn set_install_ready(&self, ready: bool) {
+        self.install_ready.store(ready, Ordering::SeqCst);
+        self.update_ready();
     }
 
     fn backend(&self) -> Backend {
@@ -155,8 +180,9 @@ impl AgentHandle {
         while self.tasks.join_next().await.is_some() {}
     }
 
-    /// Shuts down as `check` decides (§1.10): tasks stop either way; an uninstall then
-    /// removes the CNI config entry, host rules, probe set and socket files. In-pod rules
+    /// Shuts down as `check` decides (§1.10): tasks (the installer loop too) stop either
+    /// way; an uninstall then removes the CNI config entry, plugin kubeconfig and binary,
+    /// host rules, probe set and socket files. An upgrade leaves all of them. In-pod rules
     /// of running pods are never touched.
     pub async fn shutdown_with(
         self,
@@ -166,7 +192,9 @@ impl AgentHandle {
         let cleanup = self.cleanup.clone();
         self.shutdown().await;
         if kind == ShutdownKind::Uninstall {
-            tracing::info!("uninstalling: removing CNI config entry, host rules and probe set");
+            tracing::info!(
+                "uninstalling: removing CNI config entry, plugin binary and kubeconfig, host rules and probe set"
+            );
             tokio::task::spawn_blocking(move || cleanup.uninstall())
                 .await
                 .map_err(|_| ShutdownError(vec![crate::shutdown::CleanupError::Panicked]))??;
@@ -211,8 +239,6 @@ pub async fn run_agent_with(
 /// accepting ztunnels) and returns once everything listens.
 pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHandle, AgentError> {
     let metrics = Arc::new(Metrics::new());
-    // No installer runs inside this library; the CLI owns install and flips this.
-    metrics.install_ready.set(1);
     let host_runner = match &cfg.host_netns {
         None => HostRunner::Current(ambit_redirect::CurrentNetns),
         Some(p) => HostRunner::Fd(FdRunner {
@@ -242,7 +268,7 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
         backend,
         ipv6: cfg.ipv6,
         host_rules: host_rules.clone(),
-        cni_net_dir: cfg.cni_net_dir.clone(),
+        install: cfg.install.clone(),
         sockets: vec![
             cfg.zds_socket.clone(),
             cfg.run_dir.join(PLUGIN_SOCKET),
@@ -263,6 +289,18 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
     let log_server = LogServer::bind(&cfg.run_dir)?;
     let (health_addr, metrics_addr) = (servers.health_addr, servers.metrics_addr);
 
+    let entry = plugin_entry(
+        &cfg.install,
+        EntryInputs {
+            selectors: &cfg.enablement.selectors,
+            exclude_namespaces: &cfg.enablement.exclude_namespaces,
+            pod_namespace: &cfg.pod_namespace,
+            native_nftables: cfg.native_nftables,
+        },
+    );
+    let installer = Installer::new(cfg.install.clone(), entry);
+    log_skipped_steps(&cfg);
+
     let (work_tx, work_rx) = mpsc::unbounded_channel();
     let (stop, stop_rx) = watch::channel(false);
     let core = Arc::new(Core {
@@ -275,6 +313,8 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
         metrics: metrics.clone(),
         work: work_tx,
         ready: AtomicBool::new(false),
+        server_ready: AtomicBool::new(false),
+        install_ready: AtomicBool::new(false),
     });
 
     let mut tasks = JoinSet::new();
@@ -302,8 +342,14 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
         let stop = stop_rx.clone();
         tasks.spawn(async move { zds.serve(zds_listener, stop).await });
     }
-    tasks.spawn(verify_loop(core.clone(), stop_rx));
-    core.ready.store(true, Ordering::SeqCst);
+    tasks.spawn(verify_loop(core.clone(), stop_rx.clone()));
+    core.server_ready.store(true, Ordering::SeqCst);
+    // §1.3 step 9, once the agent can serve the plugin: a first installer pass here, so
+    // readiness is known when `start` returns, then the watch loop.
+    let installer = Arc::new(Mutex::new(installer));
+    let mut last_error = None;
+    install_pass(&core, &installer, &mut last_error).await;
+    tasks.spawn(install_loop(core.clone(), installer, last_error, stop_rx));
     Ok(AgentHandle {
         tasks,
         stop,
@@ -453,6 +499,89 @@ async fn worker<S: PodSource>(
                 retries.remove(&key);
             }
         }
+    }
+}
+
+/// Says once, at start, which installer steps have nothing configured to write to.
+fn log_skipped_steps(cfg: &AgentConfig) {
+    let i = &cfg.install;
+    if i.bin_dir.is_none() {
+        tracing::info!(
+            "no CNI bin dir (AMBIT_CNI_BIN_DIR or AMBIT_HOST_PREFIX): not copying the istio-cni binary"
+        );
+    }
+    if i.conf_dir.is_none() {
+        tracing::info!(
+            "no CNI config dir (MOUNTED_CNI_NET_DIR or AMBIT_HOST_PREFIX): not writing CNI config"
+        );
+    }
+    if i.kube_api.is_none() {
+        tracing::info!("KUBERNETES_SERVICE_HOST not set: not writing the plugin kubeconfig");
+    }
+}
+
+/// One installer pass on a blocking thread; updates readiness and logs what changed.
+/// Errors are logged when they change (a pass runs every second).
+async fn install_pass<S: PodSource>(
+    core: &Arc<Core<S>>,
+    installer: &Arc<Mutex<Installer>>,
+    last_error: &mut Option<String>,
+) {
+    let (c, inst) = (core.clone(), installer.clone());
+    let result = tokio::task::spawn_blocking(move || {
+        let mut inst = inst
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let r = inst.reconcile(&mut || c.set_install_ready(false));
+        (r, inst.conf_file().map(std::path::Path::to_owned))
+    })
+    .await;
+    match result {
+        Ok((Ok(pass), conf_file)) => {
+            if !pass.repaired.is_empty() || last_error.is_some() || !core.install_ready() {
+                tracing::info!(
+                    repaired = ?pass.repaired,
+                    cni_config = ?conf_file,
+                    "CNI install in place; watching for changes"
+                );
+            }
+            *last_error = None;
+            core.set_install_ready(true);
+        }
+        Ok((Err(e), _)) => {
+            core.set_install_ready(false);
+            let text = e.to_string();
+            if last_error.as_deref() != Some(text.as_str()) {
+                if e.is_waiting() {
+                    tracing::info!(error = %e, "waiting for the primary CNI config");
+                } else {
+                    tracing::error!(error = %e, "CNI install failed; retrying");
+                }
+                *last_error = Some(text);
+            }
+        }
+        Err(e) => {
+            core.set_install_ready(false);
+            tracing::error!(error = %e, "CNI installer pass panicked");
+        }
+    }
+}
+
+/// Re-checks the install every `AMBIT_INSTALL_CHECK_INTERVAL` until stopped (§5.5: the
+/// primary CNI may rewrite its config and drop our entry, a new primary may appear).
+async fn install_loop<S: PodSource>(
+    core: Arc<Core<S>>,
+    installer: Arc<Mutex<Installer>>,
+    mut last_error: Option<String>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let interval = core.cfg.install.check_interval;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        install_pass(&core, &installer, &mut last_error).await;
     }
 }
 

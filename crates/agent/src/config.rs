@@ -8,14 +8,27 @@
 //! `AMBIT_HEALTH_ADDR`, `AMBIT_METRICS_ADDR` (override `MONITORING_PORT`),
 //! `AMBIT_VERIFY_INTERVAL` (verification period, e.g. `10s`, `500ms`; `0` disables the
 //! timer), `AMBIT_KUBELET_UID` (the nft host rule's `skuid`).
+//!
+//! Installer ([`crate::installer`]; upstream names unless `AMBIT_`): `MOUNTED_CNI_NET_DIR`
+//! (default `<AMBIT_HOST_PREFIX>/etc/cni/net.d`, none without a prefix: step skipped),
+//! `CNI_CONF_NAME`, `CHAINED_CNI_PLUGIN` (true), `ISTIO_OWNED_CNI_CONFIG` (false, only with
+//! chained), `ISTIO_OWNED_CNI_CONFIG_FILENAME` (`02-istio-cni.conflist`),
+//! `CNI_CONF_GROUP_READ` (false), `KUBECONFIG_MODE` (0600, Go integer syntax),
+//! `KUBE_CA_FILE`, `SKIP_TLS_VERIFY`, `KUBERNETES_SERVICE_HOST` / `_PORT` / `_PROTOCOL`
+//! (kubeconfig only when the host is set), `LOG_LEVEL` (the plugin's level, `warn`),
+//! `AMBIENT_ENABLED` (true: ambit's agent is ambient-only), `ENABLE_AMBIENT_DETECTION_RETRY`,
+//! `AMBIT_CNI_BIN_DIR` (default `<AMBIT_HOST_PREFIX>/opt/cni/bin`, none without a prefix:
+//! step skipped), `AMBIT_INSTALL_CHECK_INTERVAL` (1 s).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ambit_redirect::consts::{DEFAULT_PROBE_SNAT_V4, DEFAULT_PROBE_SNAT_V6};
 
 use crate::enrol::{Enablement, parse_selectors};
+use crate::installer::{InstallConfig, KubeApi, SERVICE_ACCOUNT_DIR};
+use crate::plugin::install::{ConfMode, ISTIO_OWNED_CONF_NAME};
 use crate::zds::ZdsConfig;
 
 /// One bad variable.
@@ -59,8 +72,8 @@ pub struct AgentConfig {
     pub zds_socket: PathBuf,
     /// `CNI_AGENT_RUN_DIR` (holds `pluginevent.sock`).
     pub run_dir: PathBuf,
-    /// `MOUNTED_CNI_NET_DIR`.
-    pub cni_net_dir: PathBuf,
+    /// The CNI installer: conf dir (`MOUNTED_CNI_NET_DIR`), bin dir, kubeconfig, modes.
+    pub install: InstallConfig,
     /// `AMBIT_HOST_PREFIX`: prefix for netns paths from the plugin (upstream: `/host`).
     pub host_prefix: PathBuf,
     /// Host netns for host rules and the probe set (`None`: the agent's own netns).
@@ -142,6 +155,114 @@ impl Vars<'_> {
     fn bool(&mut self, name: &str, default: bool) -> bool {
         self.parsed(name, default, parse_bool)
     }
+
+    fn error(&mut self, name: &str, reason: &str) {
+        let value = self.raw(name).unwrap_or("").to_owned();
+        self.errors.push(ConfigError {
+            var: name.into(),
+            value,
+            reason: reason.into(),
+        });
+    }
+
+    /// A file name inside a directory (no `/`, not `.`/`..`).
+    fn file_name(&mut self, name: &str) -> Option<String> {
+        let v = self.raw(name)?.to_owned();
+        if v.contains('/') || v == "." || v == ".." {
+            self.error(name, "must be a file name, not a path");
+            return None;
+        }
+        Some(v)
+    }
+}
+
+/// Go `strconv.ParseInt(s, 0, 0)`: `0x` hex, `0o` or leading `0` octal, else decimal.
+fn parse_go_int(s: &str) -> Option<u32> {
+    let s = s.trim();
+    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u32::from_str_radix(h, 16).ok()
+    } else if let Some(o) = s.strip_prefix("0o").or_else(|| s.strip_prefix("0O")) {
+        u32::from_str_radix(o, 8).ok()
+    } else if s.len() > 1 && s.starts_with('0') {
+        u32::from_str_radix(&s[1..], 8).ok()
+    } else {
+        s.parse().ok()
+    }
+}
+
+/// The installer's settings (see the module docs for names and defaults).
+fn install_config(v: &mut Vars<'_>, run_dir: &Path, host_prefix: &Path) -> InstallConfig {
+    let under_prefix = |var: Option<&str>, path: &str| match var {
+        Some(p) => Some(PathBuf::from(p)),
+        None if host_prefix.as_os_str().is_empty() => None,
+        None => Some(join_prefix(host_prefix, path)),
+    };
+    let conf_dir = under_prefix(v.raw("MOUNTED_CNI_NET_DIR"), "/etc/cni/net.d");
+    let bin_dir = under_prefix(v.raw("AMBIT_CNI_BIN_DIR"), "/opt/cni/bin");
+    let conf_name = v.file_name("CNI_CONF_NAME");
+    let chained = v.bool("CHAINED_CNI_PLUGIN", true);
+    let owned = v.bool("ISTIO_OWNED_CNI_CONFIG", false);
+    let owned_name = v
+        .file_name("ISTIO_OWNED_CNI_CONFIG_FILENAME")
+        .unwrap_or_else(|| ISTIO_OWNED_CONF_NAME.to_owned());
+    if !owned_name.ends_with(".conflist") {
+        v.error("ISTIO_OWNED_CNI_CONFIG_FILENAME", "must end in .conflist");
+    }
+    let group_read = v.bool("CNI_CONF_GROUP_READ", false);
+    // Upstream: the Istio-owned file only exists in chained mode.
+    let mode = match (chained, owned) {
+        (false, _) => ConfMode::Standalone,
+        (true, false) => ConfMode::Chained,
+        (true, true) => ConfMode::IstioOwned {
+            file_name: owned_name,
+            group_read,
+        },
+    };
+    let kubeconfig_mode = v.parsed("KUBECONFIG_MODE", 0o600, |s| {
+        parse_go_int(s).filter(|m| *m <= 0o7777)
+    });
+    let skip_tls_verify = v.bool("SKIP_TLS_VERIFY", false);
+    let kube_api = match v.raw("KUBERNETES_SERVICE_HOST") {
+        None => None,
+        Some(host) => {
+            let host = host.to_owned();
+            let port = v.string("KUBERNETES_SERVICE_PORT", "");
+            if port.is_empty() {
+                v.errors.push(ConfigError {
+                    var: "KUBERNETES_SERVICE_PORT".into(),
+                    value: String::new(),
+                    reason: "required when KUBERNETES_SERVICE_HOST is set".into(),
+                });
+            }
+            Some(KubeApi {
+                protocol: v.string("KUBERNETES_SERVICE_PROTOCOL", "https"),
+                host,
+                port,
+                service_account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+                ca_file: v.raw("KUBE_CA_FILE").map(PathBuf::from),
+                skip_tls_verify,
+            })
+        }
+    };
+    let check_interval = v.parsed(
+        "AMBIT_INSTALL_CHECK_INTERVAL",
+        crate::installer::DEFAULT_CHECK_INTERVAL,
+        |s| parse_duration(s).filter(|d| !d.is_zero()),
+    );
+    InstallConfig {
+        conf_dir,
+        conf_name,
+        mode,
+        bin_dir,
+        binary_source: PathBuf::from("/proc/self/exe"),
+        run_dir: run_dir.to_owned(),
+        kube_api,
+        kubeconfig_mode,
+        ambient_enabled: v.bool("AMBIENT_ENABLED", true),
+        plugin_log_level: v.string("LOG_LEVEL", "warn"),
+        ambient_detection_retry: v.bool("ENABLE_AMBIENT_DETECTION_RETRY", false),
+        check_interval,
+    }
 }
 
 impl AgentConfig {
@@ -177,6 +298,8 @@ impl AgentConfig {
             None if switch_to_host => Some(join_prefix(&host_prefix, "/proc/1/ns/net")),
             None => None,
         };
+        let run_dir = PathBuf::from(v.string("CNI_AGENT_RUN_DIR", "/var/run/istio-cni"));
+        let install = install_config(&mut v, &run_dir, &host_prefix);
         let monitoring_port = v.parsed("MONITORING_PORT", 15014u16, |s| s.parse().ok());
         let metrics_default = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), monitoring_port);
         let cfg = Self {
@@ -201,10 +324,8 @@ impl AgentConfig {
             zds_socket: v
                 .string("ZTUNNEL_UDS_ADDRESS", "/var/run/ztunnel/ztunnel.sock")
                 .into(),
-            run_dir: v.string("CNI_AGENT_RUN_DIR", "/var/run/istio-cni").into(),
-            cni_net_dir: v
-                .string("MOUNTED_CNI_NET_DIR", "/host/etc/cni/net.d")
-                .into(),
+            run_dir,
+            install,
             host_prefix,
             host_netns,
             health_addr: v.parsed(
@@ -293,6 +414,156 @@ mod tests {
         assert_eq!(
             c.netns_path("/var/run/netns/x"),
             PathBuf::from("/host/var/run/netns/x")
+        );
+    }
+
+    #[test]
+    fn installer_settings() {
+        use crate::plugin::install::ConfMode;
+        struct Case {
+            name: &'static str,
+            vars: Vec<(&'static str, &'static str)>,
+            conf_dir: Option<&'static str>,
+            bin_dir: Option<&'static str>,
+            mode: ConfMode,
+            kubeconfig_mode: u32,
+        }
+        let owned = |group_read| ConfMode::IstioOwned {
+            file_name: "02-istio-cni.conflist".into(),
+            group_read,
+        };
+        let cases = [
+            Case {
+                name: "defaults: nothing configured, nothing written",
+                vars: vec![],
+                conf_dir: None,
+                bin_dir: None,
+                mode: ConfMode::Chained,
+                kubeconfig_mode: 0o600,
+            },
+            Case {
+                name: "host prefix gives upstream's mounted paths",
+                vars: vec![("AMBIT_HOST_PREFIX", "/host")],
+                conf_dir: Some("/host/etc/cni/net.d"),
+                bin_dir: Some("/host/opt/cni/bin"),
+                mode: ConfMode::Chained,
+                kubeconfig_mode: 0o600,
+            },
+            Case {
+                name: "explicit dirs win; octal mode",
+                vars: vec![
+                    ("AMBIT_HOST_PREFIX", "/host"),
+                    ("MOUNTED_CNI_NET_DIR", "/n/net.d"),
+                    ("AMBIT_CNI_BIN_DIR", "/n/bin"),
+                    ("KUBECONFIG_MODE", "0640"),
+                ],
+                conf_dir: Some("/n/net.d"),
+                bin_dir: Some("/n/bin"),
+                mode: ConfMode::Chained,
+                kubeconfig_mode: 0o640,
+            },
+            Case {
+                name: "istio-owned, decimal mode",
+                vars: vec![
+                    ("ISTIO_OWNED_CNI_CONFIG", "true"),
+                    ("KUBECONFIG_MODE", "416"),
+                ],
+                conf_dir: None,
+                bin_dir: None,
+                mode: owned(false),
+                kubeconfig_mode: 0o640,
+            },
+            Case {
+                name: "istio-owned, group read",
+                vars: vec![
+                    ("ISTIO_OWNED_CNI_CONFIG", "true"),
+                    ("CNI_CONF_GROUP_READ", "true"),
+                ],
+                conf_dir: None,
+                bin_dir: None,
+                mode: owned(true),
+                kubeconfig_mode: 0o600,
+            },
+            Case {
+                name: "standalone ignores istio-owned (upstream)",
+                vars: vec![
+                    ("CHAINED_CNI_PLUGIN", "false"),
+                    ("ISTIO_OWNED_CNI_CONFIG", "true"),
+                ],
+                conf_dir: None,
+                bin_dir: None,
+                mode: ConfMode::Standalone,
+                kubeconfig_mode: 0o600,
+            },
+        ];
+        for c in cases {
+            let i = AgentConfig::from_vars(&vars(&c.vars)).unwrap().install;
+            assert_eq!(i.conf_dir, c.conf_dir.map(PathBuf::from), "{}", c.name);
+            assert_eq!(i.bin_dir, c.bin_dir.map(PathBuf::from), "{}", c.name);
+            assert_eq!(i.mode, c.mode, "{}", c.name);
+            assert_eq!(i.kubeconfig_mode, c.kubeconfig_mode, "{}", c.name);
+        }
+
+        let d = AgentConfig::from_vars(&vars(&[("CNI_AGENT_RUN_DIR", "/r")]))
+            .unwrap()
+            .install;
+        assert_eq!(
+            d.kubeconfig_path(),
+            PathBuf::from("/r/istio-cni-kubeconfig")
+        );
+        assert_eq!(d.kube_api, None);
+        assert!(d.ambient_enabled);
+        assert_eq!(d.plugin_log_level, "warn");
+        assert_eq!(d.check_interval, Duration::from_secs(1));
+
+        let k = AgentConfig::from_vars(&vars(&[
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("SKIP_TLS_VERIFY", "true"),
+            ("AMBIT_INSTALL_CHECK_INTERVAL", "200ms"),
+        ]))
+        .unwrap()
+        .install;
+        let api = k.kube_api.unwrap();
+        assert_eq!(
+            (api.protocol.as_str(), api.host.as_str(), api.port.as_str()),
+            ("https", "10.96.0.1", "443")
+        );
+        assert!(api.skip_tls_verify);
+        assert_eq!(k.check_interval, Duration::from_millis(200));
+    }
+
+    #[test]
+    fn installer_errors_reported() {
+        let errs = AgentConfig::from_vars(&vars(&[
+            ("KUBECONFIG_MODE", "rw-------"),
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("CNI_CONF_NAME", "../etc/passwd"),
+            ("ISTIO_OWNED_CNI_CONFIG_FILENAME", "02-istio.conf"),
+            ("CHAINED_CNI_PLUGIN", "maybe"),
+            ("AMBIT_INSTALL_CHECK_INTERVAL", "0"),
+        ]))
+        .unwrap_err();
+        let mut names: Vec<&str> = errs.iter().map(|e| e.var.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            vec![
+                "AMBIT_INSTALL_CHECK_INTERVAL",
+                "CHAINED_CNI_PLUGIN",
+                "CNI_CONF_NAME",
+                "ISTIO_OWNED_CNI_CONFIG_FILENAME",
+                "KUBECONFIG_MODE",
+                "KUBERNETES_SERVICE_PORT",
+            ]
+        );
+        let port = errs
+            .iter()
+            .find(|e| e.var == "KUBERNETES_SERVICE_PORT")
+            .unwrap();
+        assert!(
+            port.to_string()
+                .contains("required when KUBERNETES_SERVICE_HOST")
         );
     }
 

@@ -15,7 +15,8 @@
 //! | [`discovery`] | `/proc` scan for pod netns: cgroup pod UIDs, IP-ownership check, oldest process wins (§1.8 step 3) |
 //! | [`shutdown`] | upgrade vs uninstall (§1.10): [`shutdown::UninstallCheck`] and the full cleanup |
 //! | [`plugin_log`] | plugin log socket `log.sock` (§5.6): agent server + plugin-side sender |
-//! | [`plugin`] | [`plugin_main`] (§5.1–§5.3) and the chained conflist installer (§5.5) |
+//! | [`plugin`] | [`plugin_main`] (§5.1–§5.3) and CNI config insertion as file operations (§5.5) |
+//! | [`installer`] | the installer (§1.3 step 9, §5.5): plugin binary copy, plugin kubeconfig, CNI config, re-checked every second; readiness |
 //! | [`testing`] | `FakeZtunnel`, a real ZDS peer for tests of this and other crates |
 //!
 //! Entry points for the CLI: [`plugin_main`], [`AgentConfig::from_vars`], [`run_agent`]
@@ -44,15 +45,21 @@
 //!   SNATed through an agent restart (see `agent/restart.rs`).
 //! - **Shutdown decision** without an API server: [`shutdown::UninstallCheck`]
 //!   (default upgrade, `AMBIENT_DISABLE_SAFE_UPGRADE` uninstall, a DaemonSet-lookup hook).
-//! - **Not implemented yet:** the installer (binary copy, kubeconfig, conf-dir watch; only
-//!   [`plugin::install_conflist`] / [`plugin::install::uninstall_conflist`] exist), the
-//!   Kubernetes pod source and DaemonSet lookup, AWS branch-ENI rules, cri-o `crio-<id>`
-//!   cgroups outside a pod slice, the plugin's rolling log file.
+//! - **Installer** (see [`installer`]): polls every `AMBIT_INSTALL_CHECK_INTERVAL` (1 s)
+//!   instead of inotify; steps with no configured directory are skipped (bin dir and conf
+//!   dir default to `AMBIT_HOST_PREFIX` + upstream's paths, none without a prefix); the
+//!   kubeconfig is only written inside a pod (`KUBERNETES_SERVICE_HOST`), because ambit's
+//!   plugin never reads it; `AMBIENT_ENABLED` defaults to true; no
+//!   `istio_cni_installs_total` counter yet.
+//! - **Not implemented yet:** the Kubernetes pod source and DaemonSet lookup, AWS
+//!   branch-ENI rules, cri-o `crio-<id>` cgroups outside a pod slice, the plugin's rolling
+//!   log file.
 
 pub mod agent;
 pub mod config;
 pub mod discovery;
 pub mod enrol;
+pub mod installer;
 pub mod plugin;
 pub mod plugin_log;
 pub mod pods;

@@ -7,8 +7,8 @@
 //! Upstream asks the API server about its DaemonSet; we have no API client in this crate,
 //! so the decision is an [`UninstallCheck`]:
 //!
-//! - [`AlwaysUpgrade`] (default): keep the CNI config entry, host rules and probe set;
-//!   only sockets close.
+//! - [`AlwaysUpgrade`] (default): keep the CNI config entry, plugin binary, kubeconfig,
+//!   host rules and probe set; only sockets close.
 //! - [`DisableSafeUpgrade`] (`AMBIENT_DISABLE_SAFE_UPGRADE=true`): always clean up.
 //! - [`DaemonSetCheck`]: upstream's rule over a [`DaemonSetLookup`], the hook for a
 //!   Kubernetes-backed implementation (DaemonSet present, not deleting, affinity matching
@@ -16,11 +16,13 @@
 //!   errors retried, undetermined → upgrade, the safe side).
 //!
 //! Full cleanup: remove the `istio-cni` entry from the CNI config (deleting the file when
-//! nothing else is left in it), delete host rules, destroy the probe set, remove our socket
-//! files. Never done, on either path: deleting in-pod rules of running pods (they stay
-//! captured until un-enrolled by a running agent). Not implemented yet: deleting the plugin
-//! binary and kubeconfig (the installer that writes them does not exist yet) and AWS
-//! branch-ENI rules.
+//! nothing else is left in it; the Istio-owned or standalone file is deleted), then the
+//! plugin kubeconfig and the copied `istio-cni` binary (only in the directories the
+//! installer was configured with, see [`crate::installer::uninstall`]), delete host rules,
+//! destroy the probe set, remove our socket files. The installer has stopped by then, so
+//! it cannot put anything back. Never done, on either path: deleting in-pod rules of
+//! running pods (they stay captured until un-enrolled by a running agent). Not implemented
+//! yet: AWS branch-ENI rules.
 
 use std::fmt;
 use std::future::Future;
@@ -32,8 +34,7 @@ use ambit_redirect::{ApplyError, Backend, HostRules, ProbeSet, ProbeSetError};
 
 use crate::agent::runner::HostRunner;
 use crate::config::AgentConfig;
-use crate::plugin::InstallError;
-use crate::plugin::install::uninstall_conflist;
+use crate::installer::{InstallConfig, InstallerError};
 
 /// A boxed future, so checks can be trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -143,9 +144,9 @@ impl<L: DaemonSetLookup> UninstallCheck for DaemonSetCheck<L> {
 /// One failed cleanup step.
 #[derive(Debug, thiserror::Error)]
 pub enum CleanupError {
-    /// Removing the CNI config entry failed.
-    #[error("removing CNI config entry: {0}")]
-    Conflist(#[from] InstallError),
+    /// Removing the CNI config entry, kubeconfig or plugin binary failed.
+    #[error("undoing the CNI install: {0}")]
+    Install(#[from] InstallerError),
     /// Deleting host rules failed.
     #[error("deleting host rules: {0}")]
     HostRules(#[from] ApplyError),
@@ -177,23 +178,21 @@ pub(crate) struct Cleanup {
     pub backend: Backend,
     pub ipv6: bool,
     pub host_rules: HostRules,
-    pub cni_net_dir: PathBuf,
+    pub install: InstallConfig,
     pub sockets: Vec<PathBuf>,
 }
 
 impl Cleanup {
     /// Full cleanup (blocking). The CNI entry goes first, so the runtime stops calling a
-    /// plugin whose agent is leaving; host rules before the set they match on.
+    /// plugin whose agent is leaving, then kubeconfig and binary; host rules before the
+    /// set they match on.
     pub fn uninstall(&self) -> Result<(), ShutdownError> {
-        let mut errors = Vec::new();
-        match uninstall_conflist(&self.cni_net_dir, None) {
-            Ok(files) => {
-                for f in files {
-                    tracing::info!(file = %f.display(), "removed istio-cni from CNI config");
-                }
-            }
-            Err(e) => errors.push(e.into()),
+        let mut errors: Vec<CleanupError> = Vec::new();
+        let (removed, failed) = crate::installer::uninstall(&self.install);
+        for f in removed {
+            tracing::info!(file = %f.display(), "removed istio-cni install");
         }
+        errors.extend(failed.into_iter().map(CleanupError::from));
         if let Err(e) = self.host_rules.delete(&self.host_runner) {
             errors.push(e.into());
         }
