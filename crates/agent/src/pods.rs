@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::mpsc;
 
 pub mod kube;
+pub mod kube_daemonset;
 
 /// The pod annotation the agent writes (`spec/cni.md` §1.11).
 pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";

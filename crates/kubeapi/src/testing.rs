@@ -12,10 +12,12 @@
 //! - `PATCH` with `application/merge-patch+json` applies RFC 7386 to the object, records the
 //!   request ([`FakeApiServer::patches`]) and emits `MODIFIED`.
 //! - The test changes objects with [`FakeApiServer::apply`] / [`FakeApiServer::delete`],
-//!   simulates lost history with [`FakeApiServer::lose_history`], and injects raw answers
-//!   with [`FakeApiServer::respond_once`].
+//!   simulates lost history with [`FakeApiServer::lose_history`], injects raw answers
+//!   with [`FakeApiServer::respond_once`] and revokes access with [`FakeApiServer::forbid`].
+//! - Besides the pod-facing kinds it serves nodes and `apps/v1` DaemonSets (the agent's
+//!   shutdown check); see [`STANDARD_COLLECTIONS`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,8 +41,10 @@ use crate::config::{Auth, KubeConfig, ServerUrl};
 type Body = BoxBody<Bytes, Infallible>;
 
 /// The collections every fake server starts with: (path, kind, apiVersion, namespaced).
-pub const STANDARD_COLLECTIONS: [(&str, &str, &str, bool); 5] = [
+pub const STANDARD_COLLECTIONS: [(&str, &str, &str, bool); 7] = [
     ("/api/v1/namespaces", "Namespace", "v1", false),
+    ("/api/v1/nodes", "Node", "v1", false),
+    ("/apis/apps/v1/daemonsets", "DaemonSet", "apps/v1", true),
     ("/api/v1/pods", "Pod", "v1", true),
     ("/api/v1/services", "Service", "v1", true),
     (
@@ -78,6 +82,7 @@ pub struct RecordedRequest {
 /// Which requests a [`FakeApiServer::respond_once`] answer replaces.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
+    /// A non-watch `GET` of this path: a list, or one object.
     List(String),
     Watch(String),
     Patch(String),
@@ -112,6 +117,8 @@ pub struct FakeState {
     patches: Vec<RecordedPatch>,
     requests: Vec<RecordedRequest>,
     overrides: VecDeque<(Route, u16, String)>,
+    /// Collections every request to which gets 403 (RBAC without the rule).
+    forbidden: BTreeSet<String>,
 }
 
 impl FakeState {
@@ -137,6 +144,7 @@ impl FakeState {
             patches: Vec::new(),
             requests: Vec::new(),
             overrides: VecDeque::new(),
+            forbidden: BTreeSet::new(),
         }
     }
 
@@ -360,6 +368,18 @@ impl FakeApiServer {
             .lock()
             .overrides
             .push_back((route, status, body.into()));
+    }
+
+    /// Answers every request to `collection` (a cluster-wide path, namespaced requests
+    /// included) with 403 Forbidden, as the API server does once the RBAC rule is gone,
+    /// until [`FakeApiServer::allow`].
+    pub fn forbid(&self, collection: &str) {
+        self.shared.lock().forbidden.insert(collection.to_string());
+    }
+
+    /// Undoes [`FakeApiServer::forbid`].
+    pub fn allow(&self, collection: &str) {
+        self.shared.lock().forbidden.remove(collection);
     }
 
     /// Every `PATCH` so far.
@@ -595,6 +615,13 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
     let Some(target) = parse_target(&path) else {
         return status(StatusCode::NOT_FOUND, "NotFound", "no such path");
     };
+    if shared.lock().forbidden.contains(&target.collection) {
+        return status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            &format!("{path} is forbidden: RBAC: access denied"),
+        );
+    }
     let selector = query_param(&query, "fieldSelector");
     match method {
         Method::GET if watch => {
