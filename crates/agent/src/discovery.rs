@@ -4,10 +4,12 @@
 //!
 //! For each process: skip non-numeric entries, skip the host netns (identity of
 //! `<proc>/1/ns/net`) and namespaces already claimed by other pods, read the pod UID from
-//! `/proc/<pid>/cgroup` ([`cgroup::pod_uid`]), keep only wanted UIDs, then accept the
+//! `/proc/<pid>/cgroup` ([`cgroup::owner`]), keep only wanted UIDs, then accept the
 //! namespace only if one of its interfaces carries one of the pod's IPs (so a recycled
-//! UID-looking cgroup in a foreign netns is never trusted). If several processes of one pod
-//! qualify, the oldest (lowest start time, then lowest pid) wins.
+//! UID-looking cgroup in a foreign netns is never trusted). A CRI-O container whose cgroup
+//! names no pod (`crio-<id>` outside a pod slice) belongs to the one wanted pod whose IP
+//! its netns carries (none or several: skipped). If several processes of one pod qualify,
+//! the oldest (lowest start time, then lowest pid) wins.
 //!
 //! Everything read here is controlled by other processes and may vanish mid-scan: per-process
 //! failures are skipped (debug log), never fatal and never a panic. Only an unreadable proc
@@ -17,6 +19,8 @@
 
 pub mod cgroup;
 mod procfs;
+
+use cgroup::Owner;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -94,11 +98,17 @@ pub fn find_pod_netns(
         let Ok(cgroup) = std::fs::read_to_string(dir.join("cgroup")) else {
             continue;
         };
-        let Some(uid) = cgroup::pod_uid(&cgroup) else {
-            continue;
-        };
-        let Some(ips) = wanted.get(&uid).filter(|ips| !ips.is_empty()) else {
-            continue;
+        // `Some(uid)`: the cgroup names the pod. `None`: a CRI-O container outside any pod
+        // slice, attributed below by the pod IPs in its netns alone.
+        let named = match cgroup::owner(&cgroup) {
+            Some(Owner::Pod(uid)) => {
+                if !wanted.get(&uid).is_some_and(|ips| !ips.is_empty()) {
+                    continue;
+                }
+                Some(uid)
+            }
+            Some(Owner::CrioContainer(_)) if wanted.values().any(|ips| !ips.is_empty()) => None,
+            _ => continue,
         };
         let ns_path = dir.join("ns/net");
         // stat first: most processes are in the host netns, no need to open them.
@@ -112,9 +122,12 @@ pub fn find_pod_netns(
             .ok()
             .and_then(|s| start_time(&s))
             .unwrap_or(u64::MAX);
-        if let Some(cur) = found.get(&uid)
-            && !better((start, pid), (cur.start_time, cur.pid))
-        {
+        let loses = |uid: &str| {
+            found
+                .get(uid)
+                .is_some_and(|cur| !better((start, pid), (cur.start_time, cur.pid)))
+        };
+        if named.as_deref().is_some_and(loses) {
             continue;
         }
         let netns = match NetnsFd::open(&ns_path) {
@@ -136,10 +149,27 @@ pub fn find_pod_netns(
                 }
             },
         };
-        if !ips.iter().any(|ip| local.contains(&ip.to_canonical())) {
-            tracing::debug!(pid, %uid, netns = %id, "cgroup names the pod but no pod IP is in its netns");
-            continue;
-        }
+        let owns = |ips: &Vec<IpAddr>| ips.iter().any(|ip| local.contains(&ip.to_canonical()));
+        let uid = match named {
+            Some(uid) => {
+                if !wanted.get(&uid).is_some_and(owns) {
+                    tracing::debug!(pid, %uid, netns = %id, "cgroup names the pod but no pod IP is in its netns");
+                    continue;
+                }
+                uid
+            }
+            None => {
+                let mut owners = wanted.iter().filter(|(_, ips)| owns(ips)).map(|(u, _)| u);
+                match (owners.next(), owners.next()) {
+                    (Some(uid), None) if !loses(uid) => uid.clone(),
+                    (Some(a), Some(b)) => {
+                        tracing::debug!(pid, netns = %id, pods = ?(a, b), "CRI-O container netns carries IPs of several pods; skipped");
+                        continue;
+                    }
+                    _ => continue,
+                }
+            }
+        };
         found.insert(
             uid,
             Found {

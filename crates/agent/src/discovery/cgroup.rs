@@ -7,7 +7,45 @@
 //! when `pod` starts it or follows `-`/`_`, is followed by a UUID-shaped string (8-4-4-4-12
 //! hex digits separated by `-` or `_`) and then by the component's end or `.`. The result
 //! is normalised to the API form (lower case, `-`). CRI-O's `crio-<container id>` scopes
-//! sit inside the same pod slice, so they need no separate rule.
+//! inside a pod slice are covered by that rule.
+//!
+//! CRI-O can also put a container's scope outside any pod slice, so that no pod UID is in
+//! the path at all: `0::/../crio-<id>.scope` seen through a cgroup namespace, or
+//! `/crio-<id>.scope` / `/system.slice/crio-<id>.scope` (KubeEdge, `conmon_cgroup` /
+//! `cgroup_manager` setups). [`owner`] reports those as [`Owner::CrioContainer`]: a
+//! container, but of an unknown pod, which discovery attributes by the pod IPs in the
+//! process's netns alone. `crio-conmon-<id>` scopes (the monitor process, which lives in
+//! the host netns) are not containers.
+
+/// Who a cgroup file says a process belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// A container of the pod with this UID (API form).
+    Pod(String),
+    /// A CRI-O container (this container ID) whose cgroup path names no pod.
+    CrioContainer(String),
+}
+
+/// The owner named by a cgroup file's contents: a pod UID anywhere wins over a CRI-O
+/// container scope without one (first match of each kind wins).
+pub fn owner(cgroup: &str) -> Option<Owner> {
+    pod_uid(cgroup).map(Owner::Pod).or_else(|| {
+        cgroup
+            .lines()
+            .find_map(crio_container)
+            .map(Owner::CrioContainer)
+    })
+}
+
+/// `crio-<id>[.scope]` as the last component of a line's path, `<id>` being letters and
+/// digits only (CRI-O uses 64 hex digits; `crio-conmon-<id>` is rejected by the `-`).
+fn crio_container(line: &str) -> Option<String> {
+    let path = line.splitn(3, ':').nth(2)?;
+    let last = path.rsplit('/').next()?;
+    let last = last.strip_suffix(".scope").unwrap_or(last);
+    let id = last.strip_prefix("crio-")?;
+    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric())).then(|| id.to_owned())
+}
 
 /// Length of a UUID in text form.
 const UUID_LEN: usize = 36;
@@ -156,6 +194,77 @@ mod tests {
         ];
         for (name, text, want) in cases {
             assert_eq!(pod_uid(text).as_deref(), *want, "{name}");
+            // A pod UID always makes the pod the owner.
+            if let Some(uid) = want {
+                assert_eq!(owner(text), Some(Owner::Pod(uid.to_string())), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn crio_scopes_outside_a_pod_slice() {
+        const ID: &str = "45490e76e0878aaa4d9808f7d2eefba37f093c3efbba9838b6d8ab804d9bd814";
+        let crio = |id: &str| Some(Owner::CrioContainer(id.to_owned()));
+        let cases: Vec<(&str, String, Option<Owner>)> = vec![
+            (
+                "v2 through a cgroup namespace",
+                format!("0::/../crio-{ID}.scope\n"),
+                crio(ID),
+            ),
+            ("v2 at the root", format!("0::/crio-{ID}.scope\n"), crio(ID)),
+            (
+                "v2 under system.slice",
+                format!("0::/system.slice/crio-{ID}.scope\n"),
+                crio(ID),
+            ),
+            ("no .scope suffix", format!("0::/crio-{ID}\n"), crio(ID)),
+            (
+                "v1, only some controllers name it",
+                format!("12:pids:/\n11:memory:/crio-{ID}.scope\n1:name=systemd:/crio-{ID}.scope\n"),
+                crio(ID),
+            ),
+            (
+                "inside a pod slice the pod wins",
+                format!(
+                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/crio-{ID}.scope\n",
+                    "5c2ca1d1_58b4_4e48_a9a4_1cd3fdc6f8f4"
+                ),
+                Some(Owner::Pod("5c2ca1d1-58b4-4e48-a9a4-1cd3fdc6f8f4".into())),
+            ),
+            (
+                "a pod UID on another line wins too",
+                format!(
+                    "1:name=systemd:/crio-{ID}.scope\n0::/kubepods/pod5c2ca1d1-58b4-4e48-a9a4-1cd3fdc6f8f4/{ID}\n"
+                ),
+                Some(Owner::Pod("5c2ca1d1-58b4-4e48-a9a4-1cd3fdc6f8f4".into())),
+            ),
+            (
+                "conmon is not a container",
+                format!("0::/system.slice/crio-conmon-{ID}.scope\n"),
+                None,
+            ),
+            ("the daemon", "0::/system.slice/crio.service\n".into(), None),
+            (
+                "crio- in the middle",
+                format!("0::/crio-{ID}.scope/sub\n"),
+                None,
+            ),
+            ("empty id", "0::/crio-.scope\n".into(), None),
+            (
+                "not at a component start",
+                format!("0::/xcrio-{ID}.scope\n"),
+                None,
+            ),
+            (
+                "punctuation in the id",
+                "0::/crio-ab_cd.scope\n".into(),
+                None,
+            ),
+            ("multibyte id", "0::/crio-\u{e9}\u{e9}.scope\n".into(), None),
+            ("no path field", format!("crio-{ID}\n"), None),
+        ];
+        for (name, text, want) in cases {
+            assert_eq!(owner(&text), want, "{name}");
         }
     }
 }
