@@ -364,33 +364,74 @@ pub async fn connection_rate(
     Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
 }
 
-/// Opens `n` connections, each proven end to end by a 1-byte echo, and returns them open.
-pub async fn open_idle(
-    factory: Arc<NetnsSocketFactory>,
-    dst: SocketAddr,
-    n: usize,
-) -> Result<Vec<tokio::net::TcpStream>> {
-    const PARALLEL: usize = 32;
-    let mut open = Vec::with_capacity(n);
-    let mut pending = JoinSet::new();
-    for _ in 0..n {
-        if stopped() {
-            bail!("interrupted");
-        }
-        if pending.len() >= PARALLEL
-            && let Some(r) = pending.join_next().await
-        {
-            open.push(r??);
-        }
-        let factory = factory.clone();
-        pending.spawn(async move {
-            let mut s = connect(&factory, dst).await?;
-            echo_byte(&mut s).await?;
-            anyhow::Ok(s)
+/// The `ambit-bench idle-conns` child process holding idle connections open; killed (and
+/// reaped) on drop.
+#[derive(Debug)]
+pub struct IdleHolder {
+    child: std::process::Child,
+}
+
+impl IdleHolder {
+    /// Starts `cmd` (an `idle-conns` command for `n` connections) and waits until it
+    /// reports every connection open and echoed.
+    pub fn start(mut cmd: std::process::Command, n: usize) -> Result<Self> {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut holder = Self {
+            child: cmd.spawn().context("starting the idle-connection holder")?,
+        };
+        let stdout = holder.child.stdout.take().context("no stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Ends when the child's stdout closes (it exits, or is killed on drop).
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
         });
+        // Generous: 10,000 connections through a debug-build mesh take seconds.
+        let timeout =
+            STEP_TIMEOUT.max(Duration::from_millis(5) * u32::try_from(n).unwrap_or(u32::MAX)) * 6;
+        let line = rx.recv_timeout(timeout).unwrap_or_default();
+        if line.trim() != format!("open {n}") {
+            let _ = holder.child.kill();
+            let mut err = String::new();
+            if let Some(mut e) = holder.child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            bail!(
+                "idle-connection holder did not open {n} connections within {timeout:?}: {:?} {}",
+                line.trim(),
+                err.trim()
+            );
+        }
+        Ok(holder)
     }
-    while let Some(r) = pending.join_next().await {
-        open.push(r??);
+
+    /// Closes the connections (stdin EOF) and checks that the holder exited cleanly.
+    pub fn close(mut self) -> Result<()> {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    bail!("idle-connection holder exited with {status}");
+                }
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("idle-connection holder did not exit within {STEP_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
-    Ok(open)
+}
+
+impl Drop for IdleHolder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

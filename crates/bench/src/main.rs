@@ -18,9 +18,11 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod inpod;
 mod load;
 mod procstat;
 mod report;
+mod roles;
 mod run;
 mod scenario;
 mod svg;
@@ -43,9 +45,26 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the ambit ztunnel (what the ambit scenario starts in each pod).
+    /// Run the ambit ztunnel (`ambit ztunnel`).
     #[command(hide = true)]
     Ztunnel,
+    /// Run the ambit node agent (`ambit cni-agent --pods DIR`).
+    #[command(hide = true)]
+    CniAgent {
+        #[arg(long)]
+        pods: PathBuf,
+    },
+    /// Run the ambit CNI plugin (`ambit cni-plugin`).
+    #[command(hide = true)]
+    CniPlugin,
+    /// Hold idle connections for the memory measurement.
+    #[command(hide = true)]
+    IdleConns {
+        #[arg(long)]
+        dst: std::net::SocketAddr,
+        #[arg(long)]
+        count: usize,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -56,19 +75,22 @@ struct Args {
     /// Rounds per measurement (scenarios interleaved A B A B; medians reported).
     #[arg(long)]
     rounds: Option<usize>,
-    /// Scenarios to run, in order: baseline, ambit, foreign (default: baseline and ambit,
-    /// plus foreign with --ztunnel-bin).
+    /// Scenarios to run, in order: baseline, ambit (in-pod mode: node agent + one shared
+    /// ztunnel per node), ambit-dedicated (one dedicated-mode ztunnel per pod), foreign and
+    /// foreign-dedicated (the same with --ztunnel-bin). Default: baseline and ambit, plus
+    /// foreign with --ztunnel-bin.
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
-    /// A foreign ztunnel binary (e.g. upstream's) for the "foreign" scenario: started with
-    /// no arguments and upstream's environment variables, LOCAL_XDS_PATH config.
+    /// A foreign ztunnel binary (e.g. upstream's) for the "foreign" scenarios: started with
+    /// no arguments and upstream's environment variables, LOCAL_XDS_PATH config; in-pod
+    /// mode gets its pods from our node agent over ZDS.
     #[arg(long, value_name = "PATH")]
     ztunnel_bin: Option<PathBuf>,
     /// Name of the foreign scenario in the reports.
     #[arg(long, default_value = "foreign")]
     ztunnel_name: String,
-    /// Measure this `ambit` binary (run as `PATH ztunnel`) instead of this binary's
-    /// built-in copy of the same code.
+    /// Run this `ambit` binary (`PATH ztunnel`, `PATH cni-agent`, `PATH cni-plugin`)
+    /// instead of this binary's built-in copy of the same code.
     #[arg(long, value_name = "PATH")]
     ambit_bin: Option<PathBuf>,
     /// ZTUNNEL_WORKER_THREADS for every proxy (upstream's default is 2).
@@ -77,9 +99,14 @@ struct Args {
     /// Request rates of the latency runs (comma separated).
     #[arg(long, value_delimiter = ',')]
     rates: Vec<u32>,
-    /// Idle connections held open for the memory measurement.
+    /// Idle connections held open for the memory measurement (default 10,000; capped by
+    /// the open-files limit).
     #[arg(long)]
     idle_conns: Option<usize>,
+    /// Extra pods enrolled on the server node for the in-pod memory-per-pod measurement
+    /// (default 1,000; 0 skips it).
+    #[arg(long)]
+    enrolled_pods: Option<usize>,
     /// Seconds per throughput window.
     #[arg(long)]
     throughput_secs: Option<f64>,
@@ -96,35 +123,24 @@ struct Args {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Ztunnel) = cli.command {
-        return ztunnel();
+    // Every process of a run (this one and the roles it starts, which inherit it) may use
+    // as many descriptors as the hard limit allows: 10,000 idle connections need ~10,000
+    // in this process and in each ztunnel.
+    let nofile = procstat::raise_open_files_limit();
+    match cli.command {
+        Some(Command::Ztunnel) => return roles::ztunnel(),
+        Some(Command::CniAgent { pods }) => return roles::cni_agent(&pods),
+        Some(Command::CniPlugin) => return roles::cni_plugin(),
+        Some(Command::IdleConns { dst, count }) => return roles::idle_conns(dst, count),
+        None => {}
+    }
+    if let Err(e) = &nofile {
+        eprintln!("ambit-bench: cannot raise the open-files limit: {e}");
     }
     match bench(cli.args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ambit-bench: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Same as `ambit ztunnel` (crates/cli/src/ztunnel.rs): environment → config → run.
-fn ztunnel() -> ExitCode {
-    let vars: Vec<(String, String)> = std::env::vars().collect();
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let config = match ambit_ztunnel::Config::from_vars(&vars, cpus, &|p| p.exists()) {
-        Ok(c) => c,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
-    };
-    match ambit_ztunnel::app::run(config) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ztunnel failed: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -145,6 +161,9 @@ fn plan(args: &Args) -> Result<Plan> {
     if let Some(n) = args.idle_conns {
         plan.idle_conns = n.max(1);
     }
+    if let Some(n) = args.enrolled_pods {
+        plan.enrolled_pods = n;
+    }
     let secs = |s: f64| std::time::Duration::try_from_secs_f64(s).context("bad duration");
     if let Some(s) = args.throughput_secs {
         plan.throughput = secs(s)?;
@@ -152,9 +171,10 @@ fn plan(args: &Args) -> Result<Plan> {
     if let Some(s) = args.latency_secs {
         plan.latency = secs(s)?;
     }
-    // Each idle connection costs this process two descriptors (client and server side).
+    // Each idle connection costs this process one descriptor (the server side; the client
+    // side is held by a child process) and each ztunnel about one.
     if let Some(limit) = procstat::open_files_soft_limit() {
-        let max = usize::try_from(limit.saturating_sub(512) / 2).unwrap_or(usize::MAX);
+        let max = usize::try_from(limit.saturating_sub(1024)).unwrap_or(usize::MAX);
         if plan.idle_conns > max {
             eprintln!(
                 "ambit-bench: open-files limit {limit}: {max} idle connections instead of {}",
@@ -176,40 +196,51 @@ fn kinds(args: &Args) -> Result<Vec<ScenarioKind>> {
     } else {
         args.scenarios.clone()
     };
-    // Absolute: the proxies start in a per-pod working directory.
+    // Absolute: the proxies start in a per-pod or per-node working directory.
     let absolute =
         |p: &PathBuf| std::fs::canonicalize(p).with_context(|| format!("locating {}", p.display()));
-    let own = match &args.ambit_bin {
-        Some(p) => ZtunnelCmd {
-            program: absolute(p)?,
-            args: vec!["ztunnel".into()],
-        },
-        None => ZtunnelCmd {
-            program: std::env::current_exe().context("locating this binary")?,
-            args: vec!["ztunnel".into()],
-        },
+    // The program for the ambit roles (`ztunnel`, `cni-agent`, `cni-plugin` subcommands).
+    let ambit = match &args.ambit_bin {
+        Some(p) => absolute(p)?,
+        None => std::env::current_exe().context("locating this binary")?,
     };
+    let own = ZtunnelCmd {
+        program: ambit.clone(),
+        args: vec!["ztunnel".into()],
+    };
+    let foreign = || -> Result<ZtunnelCmd> {
+        match &args.ztunnel_bin {
+            Some(p) => Ok(ZtunnelCmd {
+                program: absolute(p)?,
+                args: Vec::new(),
+            }),
+            None => bail!("the foreign scenarios need --ztunnel-bin PATH"),
+        }
+    };
+    let workers = args.ztunnel_workers;
+    let in_pod = |name: String, ztunnel: ZtunnelCmd| ScenarioKind::InPod {
+        name,
+        ztunnel,
+        ambit: ambit.clone(),
+        workers,
+    };
+    let dedicated = |name: String, ztunnel: ZtunnelCmd| ScenarioKind::Dedicated {
+        name,
+        ztunnel,
+        workers,
+    };
+    let foreign_name = &args.ztunnel_name;
     names
         .iter()
         .map(|n| match n.as_str() {
             "baseline" => Ok(ScenarioKind::Baseline),
-            "ambit" => Ok(ScenarioKind::Dedicated {
-                name: "ambit".into(),
-                ztunnel: own.clone(),
-                workers: args.ztunnel_workers,
-            }),
-            "foreign" => match &args.ztunnel_bin {
-                Some(p) => Ok(ScenarioKind::Dedicated {
-                    name: args.ztunnel_name.clone(),
-                    ztunnel: ZtunnelCmd {
-                        program: absolute(p)?,
-                        args: Vec::new(),
-                    },
-                    workers: args.ztunnel_workers,
-                }),
-                None => bail!("scenario foreign needs --ztunnel-bin PATH"),
-            },
-            other => bail!("unknown scenario {other:?} (baseline, ambit, foreign)"),
+            "ambit" => Ok(in_pod(n.clone(), own.clone())),
+            "ambit-dedicated" => Ok(dedicated(n.clone(), own.clone())),
+            "foreign" => Ok(in_pod(foreign_name.clone(), foreign()?)),
+            "foreign-dedicated" => Ok(dedicated(format!("{foreign_name}-dedicated"), foreign()?)),
+            other => bail!(
+                "unknown scenario {other:?} (baseline, ambit, ambit-dedicated, foreign, foreign-dedicated)"
+            ),
         })
         .collect()
 }
@@ -235,7 +266,7 @@ fn bench(args: Args) -> Result<()> {
     for kind in kinds {
         eprintln!("starting scenario {}: {}", kind.name(), kind.describe());
         let name = kind.name().to_string();
-        let sc = Scenario::start(kind, rt.handle())
+        let sc = Scenario::start(kind, rt.handle(), 0)
             .with_context(|| format!("starting scenario {name}"))?;
         scenarios.push(sc);
     }
@@ -262,7 +293,7 @@ fn bench(args: Args) -> Result<()> {
             loadavg_end: loadavg(),
         },
         params: serde_json::to_value(&plan)?,
-        metrics: report::catalogue(&plan.rates, plan.idle_conns),
+        metrics: report::catalogue(&plan.rates, plan.idle_conns, plan.enrolled_pods),
         scenarios: report::summarize(&names, &samples),
     };
     print_table(&report);

@@ -4,8 +4,8 @@
 use std::io;
 
 /// Clock ticks per second of `/proc/<pid>/stat` times. `USER_HZ` is 100 on every Linux
-/// architecture we run on (it is fixed in the kernel ABI, unlike `CONFIG_HZ`), so we avoid a
-/// `sysconf` call and the `libc` dependency it would need.
+/// architecture we run on (it is fixed in the kernel ABI, unlike `CONFIG_HZ`), so no
+/// `sysconf` call is needed.
 const USER_HZ: f64 = 100.0;
 
 /// Resident set size of `pid` in KiB.
@@ -25,6 +25,36 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
 /// Sum of [`cpu_seconds`] over `pids`.
 pub fn total_cpu_seconds(pids: &[u32]) -> io::Result<f64> {
     pids.iter().map(|p| cpu_seconds(*p)).sum()
+}
+
+/// Raises this process's soft limit on open files to its hard limit (children inherit it);
+/// returns the new soft limit.
+pub fn raise_open_files_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the valid, exclusively borrowed `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // An unlimited hard limit still cannot exceed the kernel's per-process maximum.
+    let target = if lim.rlim_max == libc::RLIM_INFINITY {
+        std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1 << 20)
+    } else {
+        lim.rlim_max
+    };
+    if lim.rlim_cur < target {
+        lim.rlim_cur = target;
+        // SAFETY: setrlimit only reads the valid `lim`.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(lim.rlim_cur)
 }
 
 /// The soft limit on open files of this process (children inherit it).
@@ -73,6 +103,7 @@ mod tests {
         let me = std::process::id();
         assert!(rss_kib(me).unwrap() > 0);
         assert!(cpu_seconds(me).unwrap() >= 0.0);
-        assert!(open_files_soft_limit().unwrap() > 0);
+        let raised = raise_open_files_limit().unwrap();
+        assert_eq!(open_files_soft_limit(), Some(raised));
     }
 }

@@ -85,11 +85,20 @@ pub const RSS_IDLE: &str = "proxy_rss_idle_kib";
 pub const RSS_CONNS: &str = "proxy_rss_with_idle_conns_kib";
 /// Extra proxy memory per idle connection.
 pub const PER_CONN: &str = "proxy_bytes_per_idle_conn";
+/// RSS of the server node's ztunnel serving its one pod (fresh in-pod scenario).
+pub const ENROL_RSS_BEFORE: &str = "ztunnel_rss_one_pod_kib";
+/// The same after the extra pods were enrolled.
+pub const ENROL_RSS_AFTER: &str = "ztunnel_rss_enrolled_pods_kib";
+/// Extra ztunnel memory per enrolled pod.
+pub const PER_POD: &str = "ztunnel_bytes_per_enrolled_pod";
+/// Wall time of one CNI ADD (plugin → agent → rules → ztunnel ack), enrolling one pod after
+/// another.
+pub const ENROL_MS: &str = "cni_add_ms_per_pod";
 /// Proxy CPU per GB moved (throughput runs).
 pub const CPU_PER_GB: &str = "proxy_cpu_seconds_per_gb";
 
 /// Every metric of a run, in report order.
-pub fn catalogue(rates: &[u32], idle_conns: usize) -> Vec<MetricDef> {
+pub fn catalogue(rates: &[u32], idle_conns: usize, enrolled_pods: usize) -> Vec<MetricDef> {
     let mut v = Vec::new();
     for streams in [1, 4] {
         v.push(MetricDef {
@@ -151,6 +160,38 @@ pub fn catalogue(rates: &[u32], idle_conns: usize) -> Vec<MetricDef> {
         PER_CONN,
         "proxy memory per idle conn",
         "B",
+        Better::Lower,
+    )));
+    v.push(proxy(MetricDef {
+        display_div: 1024.0,
+        display_unit: "MiB",
+        ..def(
+            ENROL_RSS_BEFORE,
+            "server node ztunnel RSS, 1 pod",
+            "KiB",
+            Better::Lower,
+        )
+    }));
+    v.push(proxy(MetricDef {
+        display_div: 1024.0,
+        display_unit: "MiB",
+        ..def(
+            ENROL_RSS_AFTER,
+            format!("server node ztunnel RSS, +{enrolled_pods} pods"),
+            "KiB",
+            Better::Lower,
+        )
+    }));
+    v.push(proxy(def(
+        PER_POD,
+        "ztunnel memory per enrolled pod",
+        "B",
+        Better::Lower,
+    )));
+    v.push(proxy(def(
+        ENROL_MS,
+        "CNI ADD time per pod",
+        "ms",
         Better::Lower,
     )));
     v.push(proxy(def(

@@ -35,6 +35,9 @@ pub struct Plan {
     pub conn_concurrency: usize,
     /// Idle connections held open for the memory measurement.
     pub idle_conns: usize,
+    /// Extra pods enrolled on the server node for the memory-per-pod measurement (in-pod
+    /// scenarios; 0 skips it).
+    pub enrolled_pods: usize,
     /// Wait after opening them before reading RSS.
     #[serde(serialize_with = "secs")]
     pub settle: Duration,
@@ -51,7 +54,8 @@ impl Plan {
             rates: vec![1_000, 10_000],
             conn_rate: Duration::from_secs(3),
             conn_concurrency: 4,
-            idle_conns: 1_000,
+            idle_conns: 10_000,
+            enrolled_pods: 1_000,
             settle: Duration::from_secs(1),
         }
     }
@@ -67,6 +71,7 @@ impl Plan {
             conn_rate: Duration::from_millis(300),
             conn_concurrency: 4,
             idle_conns: 200,
+            enrolled_pods: 5,
             settle: Duration::from_millis(300),
         }
     }
@@ -75,12 +80,14 @@ impl Plan {
 /// Proxy memory, idle and with idle connections, in a *fresh* copy of the scenario: the
 /// proxies that ran the other measurements keep their allocator high-water mark, which
 /// would hide what connections cost (and make later rounds look cheaper than the first).
+/// The client ends of the idle connections live in a child process in the client pod
+/// (`ambit-bench idle-conns`), so this process holds only the server ends.
 fn memory(
     plan: &Plan,
     kind: ScenarioKind,
     rt: &tokio::runtime::Runtime,
 ) -> Result<Vec<(String, f64)>> {
-    let mut fresh = Scenario::start(kind, rt.handle()).context("fresh scenario")?;
+    let mut fresh = Scenario::start(kind, rt.handle(), 0).context("fresh scenario")?;
     let pids = fresh.proxy_pids();
     let rss = || -> Result<f64> {
         let kib: u64 = pids
@@ -91,17 +98,62 @@ fn memory(
     };
     std::thread::sleep(plan.settle);
     let idle = rss()?;
-    let client = fresh.client().clone();
-    let conns = rt.block_on(load::open_idle(client, fresh.echo_addr(), plan.idle_conns))?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = fresh.client_command(&exe)?;
+    cmd.arg("idle-conns")
+        .arg("--dst")
+        .arg(fresh.echo_addr().to_string())
+        .arg("--count")
+        .arg(plan.idle_conns.to_string());
+    let holder =
+        load::IdleHolder::start(cmd, plan.idle_conns).map_err(|e| e.context(fresh.log_tails()))?;
     std::thread::sleep(plan.settle);
     let with = rss()?;
     fresh.check_alive()?;
-    drop(conns);
+    holder.close()?;
     let per_conn = (with - idle) * 1024.0 / plan.idle_conns.max(1) as f64;
     Ok(vec![
         (report::RSS_IDLE.into(), idle),
         (report::RSS_CONNS.into(), with),
         (report::PER_CONN.into(), per_conn),
+    ])
+}
+
+/// Memory of the server node's ztunnel per enrolled pod, in a fresh in-pod scenario whose
+/// server node also knows `plan.enrolled_pods` more pods (bare network namespaces): its
+/// RSS with the server pod alone, then after every extra pod was enrolled through the CNI
+/// plugin (each ADD returns only once ztunnel acked the pod, i.e. listens in its netns).
+fn enrolled(
+    plan: &Plan,
+    kind: ScenarioKind,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Vec<(String, f64)>> {
+    let n = plan.enrolled_pods;
+    let mut fresh = Scenario::start(kind, rt.handle(), n).context("fresh scenario")?;
+    let pid = fresh
+        .server_proxy_pid()
+        .context("no ztunnel on the server node")?;
+    std::thread::sleep(plan.settle);
+    let before = procstat::rss_kib(pid)? as f64;
+    let took = fresh.enrol_extra_pods()?;
+    // Certificates of the new identities are fetched in the background after each ack.
+    std::thread::sleep(plan.settle);
+    let after = procstat::rss_kib(pid)? as f64;
+    // The mesh still carries traffic with every pod enrolled.
+    rt.block_on(load::wait_path(
+        fresh.client(),
+        fresh.echo_addr(),
+        Duration::from_secs(5),
+    ))?;
+    fresh.check_alive()?;
+    Ok(vec![
+        (report::ENROL_RSS_BEFORE.into(), before),
+        (report::ENROL_RSS_AFTER.into(), after),
+        (report::PER_POD.into(), (after - before) * 1024.0 / n as f64),
+        (
+            report::ENROL_MS.into(),
+            took.as_secs_f64() * 1000.0 / n as f64,
+        ),
     ])
 }
 
@@ -117,6 +169,7 @@ enum Measurement {
     Latency(u32),
     ConnRate,
     Memory,
+    Enrolled,
 }
 
 impl std::fmt::Display for Measurement {
@@ -126,6 +179,7 @@ impl std::fmt::Display for Measurement {
             Self::Latency(r) => write!(f, "latency @ {r} req/s"),
             Self::ConnRate => write!(f, "connection rate"),
             Self::Memory => write!(f, "memory"),
+            Self::Enrolled => write!(f, "memory per enrolled pod"),
         }
     }
 }
@@ -140,6 +194,9 @@ pub fn execute(
     let mut measurements = vec![Measurement::Throughput];
     measurements.extend(plan.rates.iter().map(|r| Measurement::Latency(*r)));
     measurements.extend([Measurement::ConnRate, Measurement::Memory]);
+    if plan.enrolled_pods > 0 {
+        measurements.push(Measurement::Enrolled);
+    }
     for m in measurements {
         for round in 0..plan.rounds {
             for (sc, out) in scenarios.iter_mut().zip(samples.iter_mut()) {
@@ -151,6 +208,9 @@ pub fn execute(
                     .with_context(|| format!("{m}, round {}, scenario {name}", round + 1))?;
                 sc.check_alive()
                     .with_context(|| format!("after {m} in scenario {name}"))?;
+                if values.is_empty() {
+                    continue;
+                }
                 let shown: Vec<String> = values
                     .iter()
                     .map(|(k, v)| format!("{k}={}", report::fmt_value(*v)))
@@ -228,5 +288,7 @@ fn measure(
         }
         Measurement::Memory if !proxied => Ok(Vec::new()),
         Measurement::Memory => memory(plan, sc.kind().clone(), rt),
+        Measurement::Enrolled if !sc.kind().is_in_pod() => Ok(Vec::new()),
+        Measurement::Enrolled => enrolled(plan, sc.kind().clone(), rt),
     }
 }

@@ -5,13 +5,21 @@
 //! a different path:
 //!
 //! - [`ScenarioKind::Baseline`]: no proxy, no rules: the kernel path between two pods.
+//! - [`ScenarioKind::InPod`] (the default mesh): what a cluster node runs. Per node, the
+//!   node agent (`cni-agent`, pods from manifest files) and one ztunnel in shared mode
+//!   (`PROXY_MODE=shared`, ZDS over `INPOD_UDS`) as processes in the node namespace; pods
+//!   enrolled by running the CNI plugin executable (`cni-plugin`, CNI_* environment, network
+//!   configuration with a prevResult on stdin) as a container runtime does, so the agent
+//!   applies the in-pod rules and hands the pod's netns to ztunnel, which binds its
+//!   listeners inside it.
 //! - [`ScenarioKind::Dedicated`]: one ztunnel per pod in dedicated mode (inside the pod's
-//!   namespace, in-pod redirection rules applied), configured exactly like upstream
-//!   ztunnel: upstream environment variables, a `LOCAL_XDS_PATH` file, certificates from
-//!   a CA gRPC server in node 1, a token and a root certificate at upstream's default
-//!   relative paths under the working directory. Any binary honouring those runs here.
+//!   namespace, in-pod redirection rules applied by the harness).
 //!
-//! Planned (see BENCHMARKS.md): in-pod (shared) mode with the node agent.
+//! Both mesh scenarios configure ztunnel exactly like upstream ztunnel: upstream environment
+//! variables, a `LOCAL_XDS_PATH` file with the workloads, certificates from a CA gRPC server
+//! in node 1 (in-process, the same service `ambit control` runs), a token and a root
+//! certificate at upstream's default relative paths under the working directory. Any
+//! ztunnel binary honouring those runs here.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -31,12 +39,18 @@ use ambit_topology::Topology;
 use anyhow::{Context, Result, bail};
 use tokio::task::JoinSet;
 
-use crate::load;
+use crate::{inpod, load};
 
 const TRUST_DOMAIN: &str = "cluster.local";
 const CA_PORT: u16 = 15012;
+/// The name the CA's server certificate carries (`ALT_CA_HOSTNAME`).
+const CA_HOSTNAME: &str = "ca.bench";
 const CLIENT: &str = "client";
 const SERVER: &str = "server";
+const CLIENT_NODE: &str = "node1";
+const SERVER_NODE: &str = "node2";
+/// The agent's health endpoint in its node namespace.
+const AGENT_HEALTH: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8000);
 /// How long a proxy may take to become ready and carry the first echo.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -63,6 +77,18 @@ pub enum ScenarioKind {
         /// `ZTUNNEL_WORKER_THREADS`.
         workers: usize,
     },
+    /// Node agent + shared-mode ztunnel per node; pods enrolled through the CNI plugin.
+    InPod {
+        /// Scenario name in the reports.
+        name: String,
+        /// The ztunnel to run.
+        ztunnel: ZtunnelCmd,
+        /// The program whose `cni-agent` and `cni-plugin` subcommands are the agent and
+        /// the plugin (`ambit`, or this binary).
+        ambit: PathBuf,
+        /// `ZTUNNEL_WORKER_THREADS`.
+        workers: usize,
+    },
 }
 
 impl ScenarioKind {
@@ -70,8 +96,13 @@ impl ScenarioKind {
     pub fn name(&self) -> &str {
         match self {
             Self::Baseline => "baseline",
-            Self::Dedicated { name, .. } => name,
+            Self::Dedicated { name, .. } | Self::InPod { name, .. } => name,
         }
+    }
+
+    /// Whether the scenario runs node agents (in-pod mode).
+    pub fn is_in_pod(&self) -> bool {
+        matches!(self, Self::InPod { .. })
     }
 
     /// A printable description (what runs, how).
@@ -85,19 +116,32 @@ impl ScenarioKind {
                 ztunnel.program.display(),
                 ztunnel.args.join(" ")
             ),
+            Self::InPod {
+                ztunnel,
+                ambit,
+                workers,
+                ..
+            } => format!(
+                "in-pod mode, per node: {} cni-agent + shared-mode ztunnel {} {} (ZTUNNEL_WORKER_THREADS={workers}); pods enrolled via {} cni-plugin",
+                ambit.display(),
+                ztunnel.program.display(),
+                ztunnel.args.join(" "),
+                ambit.display(),
+            ),
         }
     }
 }
 
 /// A process killed (and reaped) on drop.
 #[derive(Debug)]
-struct Proxy {
-    pod: &'static str,
+struct Proc {
+    /// What it is, for messages ("ztunnel in client", "agent on node2").
+    what: String,
     child: Child,
     log: PathBuf,
 }
 
-impl Drop for Proxy {
+impl Drop for Proc {
     fn drop(&mut self) {
         // Already exited is fine; wait() reaps either way.
         let _ = self.child.kill();
@@ -105,28 +149,59 @@ impl Drop for Proxy {
     }
 }
 
+/// Per node of an in-pod scenario: where its agent and ztunnel meet.
+#[derive(Debug)]
+struct InPodNode {
+    name: &'static str,
+    /// `CNI_AGENT_RUN_DIR` (the plugin's socket).
+    agent_run_dir: PathBuf,
+}
+
+/// How to start one pod's or one node's ztunnel.
+struct ZtunnelSpec<'a> {
+    /// Where it runs (a pod namespace in dedicated mode, a node namespace in in-pod mode).
+    netns: &'a str,
+    /// Name for logs and messages.
+    what: String,
+    /// Working directory (upstream's relative secret paths live under it).
+    cwd: PathBuf,
+    /// Bearer token for the CA.
+    token: String,
+    /// Mode-specific environment.
+    env: Vec<(&'static str, String)>,
+}
+
 /// A started scenario: topology, servers, proxies. Dropping it stops everything and
-/// deletes every namespace; fields drop in order (proxies, tasks, topology, files).
+/// deletes every namespace; fields drop in order (ztunnels, agents, tasks, topology, files).
 #[derive(Debug)]
 pub struct Scenario {
     kind: ScenarioKind,
-    proxies: Vec<Proxy>,
+    proxies: Vec<Proc>,
+    agents: Vec<Proc>,
     tasks: JoinSet<()>,
     /// Bytes received by the discard server.
     pub received: Arc<AtomicU64>,
     client: Arc<NetnsSocketFactory>,
     server_ip: IpAddr,
+    nodes: Vec<InPodNode>,
+    extra: Vec<inpod::PodInfo>,
     topo: Topology,
     dir: tempfile::TempDir,
 }
 
 impl Scenario {
     /// Builds the topology, starts servers (and proxies), and waits until an echo crosses
-    /// the whole path.
-    pub fn start(kind: ScenarioKind, rt: &tokio::runtime::Handle) -> Result<Self> {
+    /// the whole path. `extra_pods` (in-pod scenarios only) prepares that many more pods on
+    /// the server's node, known to its agent and ztunnel but not enrolled until
+    /// [`Scenario::enrol_extra_pods`].
+    pub fn start(
+        kind: ScenarioKind,
+        rt: &tokio::runtime::Handle,
+        extra_pods: usize,
+    ) -> Result<Self> {
         let topo = Topology::builder()
-            .pod("node1", CLIENT)
-            .pod("node2", SERVER)
+            .pod(CLIENT_NODE, CLIENT)
+            .pod(SERVER_NODE, SERVER)
             .build()
             .context("building the topology")?;
         for pod in [CLIENT, SERVER] {
@@ -137,20 +212,35 @@ impl Scenario {
         let mut s = Scenario {
             kind: kind.clone(),
             proxies: Vec::new(),
+            agents: Vec::new(),
             tasks: JoinSet::new(),
             received: Arc::new(AtomicU64::new(0)),
             client,
             server_ip,
+            nodes: Vec::new(),
+            extra: Vec::new(),
             topo,
             dir: tempfile::Builder::new().prefix("ambit-bench").tempdir()?,
         };
+        eprintln!(
+            "  {} namespaces: {}~*, files: {}",
+            kind.name(),
+            s.topo.prefix(),
+            s.dir.path().display()
+        );
         let server = s.topo.pod(SERVER).netns().socket_factory(None)?;
         load::start_servers(&server, rt, &mut s.tasks, s.received.clone())?;
-        if let ScenarioKind::Dedicated {
-            ztunnel, workers, ..
-        } = &kind
-        {
-            s.start_mesh(rt, ztunnel, *workers)?;
+        match &kind {
+            ScenarioKind::Baseline => {}
+            ScenarioKind::Dedicated {
+                ztunnel, workers, ..
+            } => s.start_dedicated(rt, ztunnel, *workers)?,
+            ScenarioKind::InPod {
+                ztunnel,
+                ambit,
+                workers,
+                ..
+            } => s.start_in_pod(rt, ztunnel, ambit, *workers, extra_pods)?,
         }
         let echo = s.echo_addr();
         let waited = rt.block_on(load::wait_path(&s.client, echo, READY_TIMEOUT));
@@ -160,16 +250,32 @@ impl Scenario {
         Ok(s)
     }
 
-    fn start_mesh(
+    /// The two pods of the topology as the mesh knows them.
+    fn topology_pods(&self) -> Vec<inpod::PodInfo> {
+        self.topo
+            .pods()
+            .map(|p| inpod::PodInfo {
+                name: p.name().to_string(),
+                node: p.node().to_string(),
+                ip: p.ip(),
+                netns: p.netns_path(),
+            })
+            .collect()
+    }
+
+    fn start_dedicated(
         &mut self,
         rt: &tokio::runtime::Handle,
         ztunnel: &ZtunnelCmd,
         workers: usize,
     ) -> Result<()> {
-        let ca = Arc::new(LocalCa::generate(TRUST_DOMAIN)?);
-        let ca_addr = self.start_ca(rt, &ca)?;
-        let config = self.dir.path().join("local.yaml");
-        std::fs::write(&config, self.local_config())?;
+        let pods = self.topology_pods();
+        let tokens: HashMap<String, Caller> = [CLIENT, SERVER]
+            .into_iter()
+            .map(|p| Ok((token(p), Caller::Workload(spiffe_id(p)?))))
+            .collect::<Result<_>>()?;
+        let (ca, ca_addr) = self.start_ca(rt, tokens, HashMap::new())?;
+        let config = self.write_local_config(&pods)?;
         for pod in [CLIENT, SERVER] {
             let runner = IpNetnsExec {
                 name: self.topo.pod(pod).netns_name().to_string(),
@@ -181,32 +287,206 @@ impl Scenario {
             InPod::new(Backend::Iptables, cfg)
                 .apply(&runner)
                 .with_context(|| format!("in-pod rules for {pod}"))?;
+            let spec = ZtunnelSpec {
+                netns: pod,
+                what: format!("ztunnel in {pod}"),
+                cwd: self.dir.path().join(pod),
+                token: token(pod),
+                env: vec![
+                    ("PROXY_MODE", "dedicated".into()),
+                    (
+                        "PROXY_WORKLOAD_INFO",
+                        format!("{}/{pod}/{pod}", inpod::NAMESPACE),
+                    ),
+                ],
+            };
             let proxy =
-                self.spawn_ztunnel(pod, ztunnel, workers, ca.root_pem(), ca_addr, &config)?;
+                self.spawn_ztunnel(spec, ztunnel, workers, ca.root_pem(), ca_addr, &config)?;
             self.proxies.push(proxy);
         }
-        for pod in [CLIENT, SERVER] {
-            self.wait_ready(pod)?;
+        for i in 0..self.proxies.len() {
+            self.wait_ready(Role::Ztunnel, i)?;
         }
         Ok(())
     }
 
-    fn start_ca(&mut self, rt: &tokio::runtime::Handle, ca: &Arc<LocalCa>) -> Result<SocketAddr> {
-        let node = self.topo.node("node1");
+    fn start_in_pod(
+        &mut self,
+        rt: &tokio::runtime::Handle,
+        ztunnel: &ZtunnelCmd,
+        ambit: &Path,
+        workers: usize,
+        extra_pods: usize,
+    ) -> Result<()> {
+        let pods = self.topology_pods();
+        self.extra = inpod::extra_pods(
+            self.topo.prefix(),
+            self.topo.addressing().pod_net.network(),
+            SERVER_NODE,
+            extra_pods,
+        )?;
+        inpod::create_netns(&self.extra)?;
+        let all: Vec<inpod::PodInfo> = pods.iter().chain(&self.extra).cloned().collect();
+        // Node proxies may obtain the identities of their node's pods, no others.
+        let tokens: HashMap<String, Caller> = [CLIENT_NODE, SERVER_NODE]
+            .into_iter()
+            .map(|n| {
+                (
+                    token(n),
+                    Caller::NodeProxy {
+                        node: n.to_string(),
+                    },
+                )
+            })
+            .collect();
+        let on_node: HashMap<String, String> = all
+            .iter()
+            .map(|p| Ok((spiffe_id(&p.name)?.to_string(), p.node.clone())))
+            .collect::<Result<_>>()?;
+        let (ca, ca_addr) = self.start_ca(rt, tokens, on_node)?;
+        let config = self.write_local_config(&all)?;
+        for node in [CLIENT_NODE, SERVER_NODE] {
+            let dir = self.dir.path().join(node);
+            let (pods_dir, run_dir) = (dir.join("pods"), dir.join("cni"));
+            for d in [&pods_dir, &run_dir] {
+                std::fs::create_dir_all(d)?;
+            }
+            let manifests: String = std::iter::once(inpod::namespace_manifest())
+                .chain(
+                    all.iter()
+                        .filter(|p| p.node == node)
+                        .map(inpod::pod_manifest),
+                )
+                .collect();
+            std::fs::write(pods_dir.join("pods.yaml"), manifests)?;
+            let zds = dir.join("ztunnel.sock");
+            let agent = self.spawn_agent(node, ambit, &pods_dir, &run_dir, &zds, &dir)?;
+            self.agents.push(agent);
+            let spec = ZtunnelSpec {
+                netns: node,
+                what: format!("ztunnel on {node}"),
+                cwd: dir.join("ztunnel"),
+                token: token(node),
+                env: vec![
+                    ("PROXY_MODE", "shared".into()),
+                    ("INPOD_UDS", zds.display().to_string()),
+                    ("NODE_NAME", node.into()),
+                    ("POD_NAME", format!("ztunnel-{node}")),
+                    ("POD_NAMESPACE", "istio-system".into()),
+                ],
+            };
+            let proxy =
+                self.spawn_ztunnel(spec, ztunnel, workers, ca.root_pem(), ca_addr, &config)?;
+            self.proxies.push(proxy);
+            self.nodes.push(InPodNode {
+                name: node,
+                agent_run_dir: run_dir,
+            });
+        }
+        for i in 0..self.agents.len() {
+            self.wait_ready(Role::Agent, i)?;
+        }
+        // Ready only once connected to its agent and past the (empty) ZDS snapshot.
+        for i in 0..self.proxies.len() {
+            self.wait_ready(Role::Ztunnel, i)?;
+        }
+        for p in &pods {
+            self.cni_add(ambit, p)?;
+        }
+        Ok(())
+    }
+
+    /// Enrols the extra pods prepared by [`Scenario::start`], one CNI ADD after another as
+    /// a node's runtime would start them; returns the time it took.
+    pub fn enrol_extra_pods(&self) -> Result<Duration> {
+        let ScenarioKind::InPod { ambit, .. } = &self.kind else {
+            bail!("only in-pod scenarios enrol pods");
+        };
+        let start = Instant::now();
+        for p in &self.extra {
+            if load::STOP.load(std::sync::atomic::Ordering::Relaxed) {
+                bail!("interrupted");
+            }
+            self.cni_add(ambit, p)?;
+        }
+        Ok(start.elapsed())
+    }
+
+    fn cni_add(&self, ambit: &Path, p: &inpod::PodInfo) -> Result<()> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.name == p.node)
+            .with_context(|| format!("no node {}", p.node))?;
+        let mut cmd = self.topo.command(&p.node, ambit)?;
+        cmd.arg("cni-plugin").current_dir(self.dir.path());
+        die_with_parent(&mut cmd);
+        inpod::cni_add(cmd, &node.agent_run_dir, p).map_err(|e| e.context(self.log_tails()))
+    }
+
+    fn spawn_agent(
+        &self,
+        node: &'static str,
+        ambit: &Path,
+        pods_dir: &Path,
+        run_dir: &Path,
+        zds: &Path,
+        dir: &Path,
+    ) -> Result<Proc> {
+        let log = self.dir.path().join(format!("agent-{node}.log"));
+        let out = std::fs::File::create(&log)?;
+        let mut cmd: Command = self.topo.command(node, ambit)?;
+        cmd.arg("cni-agent")
+            .arg("--pods")
+            .arg(pods_dir)
+            .current_dir(dir)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("NODE_NAME", node)
+            .env("AMBIENT_ENABLED", "true")
+            .env("AMBIENT_DNS_CAPTURE", "false")
+            .env("AMBIENT_IPV6", "false")
+            .env("ZTUNNEL_UDS_ADDRESS", zds)
+            .env("CNI_AGENT_RUN_DIR", run_dir)
+            // No MOUNTED_CNI_NET_DIR and no AMBIT_HOST_PREFIX: the CNI installer has
+            // nothing to write to (the plugin is run directly), and never the host's files.
+            .env("AMBIT_HEALTH_ADDR", AGENT_HEALTH.to_string())
+            .env("AMBIT_METRICS_ADDR", "127.0.0.1:15014")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        die_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {} cni-agent", ambit.display()))?;
+        Ok(Proc {
+            what: format!("agent on {node}"),
+            child,
+            log,
+        })
+    }
+
+    /// The in-process CA (the service `ambit control` runs) in node 1. `on_node` maps
+    /// SPIFFE ids to the node whose proxy may obtain them.
+    fn start_ca(
+        &mut self,
+        rt: &tokio::runtime::Handle,
+        tokens: HashMap<String, Caller>,
+        on_node: HashMap<String, String>,
+    ) -> Result<(Arc<LocalCa>, SocketAddr)> {
+        let ca = Arc::new(LocalCa::generate(TRUST_DOMAIN)?);
+        let node = self.topo.node(CLIENT_NODE);
         let addr = SocketAddr::new(IpAddr::V4(node.ip()), CA_PORT);
         let listener = node
             .netns()
             .socket_factory(None)?
             .new_tcp_listener(addr, &SocketOptions::default())?;
-        let tokens: HashMap<String, Caller> = [CLIENT, SERVER]
-            .into_iter()
-            .map(|p| Ok((token(p), Caller::Workload(spiffe_id(p)?))))
-            .collect::<Result<_>>()?;
-        let svc = CaService::new(
-            ca.clone(),
-            Arc::new(StaticAuthorizer::new(tokens, |_, _| false)),
-        );
-        let server_cert = ca.server_cert_for_hostnames(&["ca.bench"])?;
+        let authorizer = StaticAuthorizer::new(tokens, move |node, id| {
+            on_node.get(&id.to_string()).is_some_and(|n| n == node)
+        });
+        let svc = CaService::new(ca.clone(), Arc::new(authorizer));
+        let server_cert = ca.server_cert_for_hostnames(&[CA_HOSTNAME])?;
         let tls = Arc::new(ambit_tls::server_config_plain(&server_cert)?);
         let routes = tonic::service::Routes::new(IstioCertificateServiceServer::new(svc));
         self.tasks.spawn_on(
@@ -219,60 +499,56 @@ impl Scenario {
             },
             rt,
         );
-        Ok(addr)
+        Ok((ca, addr))
     }
 
-    /// Upstream's local-config format: both pods as HBONE workloads, no services, no
+    /// Upstream's local-config format: the pods as HBONE workloads, no services, no
     /// policies.
-    fn local_config(&self) -> String {
+    fn write_local_config(&self, pods: &[inpod::PodInfo]) -> Result<PathBuf> {
         let mut y = String::from("workloads:\n");
-        for p in self.topo.pods() {
-            y += &format!(
-                "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {name}\n  trustDomain: {TRUST_DOMAIN}\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: {node}\n  canonicalName: {name}\n  canonicalRevision: v1\n  workloadName: {name}\n  workloadType: deployment\n",
-                name = p.name(),
-                ip = p.ip(),
-                node = p.node(),
-            );
+        for p in pods {
+            y += &inpod::local_workload(p, TRUST_DOMAIN);
         }
-        y + "services: []\npolicies: []\n"
+        y += "services: []\npolicies: []\n";
+        let path = self.dir.path().join("local.yaml");
+        std::fs::write(&path, y)?;
+        Ok(path)
     }
 
     fn spawn_ztunnel(
         &self,
-        pod: &'static str,
+        spec: ZtunnelSpec<'_>,
         ztunnel: &ZtunnelCmd,
         workers: usize,
         root_pem: &str,
         ca_addr: SocketAddr,
         config: &Path,
-    ) -> Result<Proxy> {
+    ) -> Result<Proc> {
         // Upstream reads its token and root certificate from these paths relative to the
         // working directory; ambit is also told explicitly.
-        let cwd = self.dir.path().join(pod);
-        let token_path = cwd.join("var/run/secrets/tokens/istio-token");
-        let root_path = cwd.join("var/run/secrets/istio/root-cert.pem");
-        for (path, content) in [
-            (&token_path, token(pod)),
-            (&root_path, root_pem.to_string()),
-        ] {
+        let token_path = spec.cwd.join("var/run/secrets/tokens/istio-token");
+        let root_path = spec.cwd.join("var/run/secrets/istio/root-cert.pem");
+        for (path, content) in [(&token_path, spec.token.as_str()), (&root_path, root_pem)] {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent)?;
             }
             std::fs::write(path, content)?;
         }
-        let log = self.dir.path().join(format!("ztunnel-{pod}.log"));
+        let log = self
+            .dir
+            .path()
+            .join(format!("{}.log", spec.what.replace(' ', "-")));
         let out = std::fs::File::create(&log)?;
-        let mut cmd: Command = self.topo.command(pod, &ztunnel.program)?;
+        let mut cmd: Command = self.topo.command(spec.netns, &ztunnel.program)?;
         cmd.args(&ztunnel.args)
-            .current_dir(&cwd)
+            .current_dir(&spec.cwd)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("PROXY_MODE", "dedicated")
-            .env("PROXY_WORKLOAD_INFO", format!("default/{pod}/{pod}"))
+            .envs(spec.env)
             .env("XDS_ADDRESS", "")
             .env("CA_ADDRESS", format!("https://{ca_addr}"))
             .env("CA_ROOT_CA", &root_path)
-            .env("ALT_CA_HOSTNAME", "ca.bench")
+            .env("ALT_CA_HOSTNAME", CA_HOSTNAME)
             .env("AUTH_TOKEN", &token_path)
             .env("LOCAL_XDS_PATH", config)
             .env("PACKET_MARK", "1337")
@@ -283,44 +559,66 @@ impl Scenario {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
+        die_with_parent(&mut cmd);
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", ztunnel.program.display()))?;
-        Ok(Proxy { pod, child, log })
+        Ok(Proc {
+            what: spec.what,
+            child,
+            log,
+        })
     }
 
-    fn wait_ready(&mut self, pod: &str) -> Result<()> {
-        let factory = self.topo.pod(pod).netns().socket_factory(None)?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], 15021));
+    /// Waits until process `i` of `role` answers its readiness probe.
+    fn wait_ready(&mut self, role: Role, i: usize) -> Result<()> {
+        let (netns, addr, path) = match role {
+            Role::Ztunnel => {
+                let ns = match self.kind {
+                    ScenarioKind::InPod { .. } => self.nodes[i].name,
+                    _ => [CLIENT, SERVER][i],
+                };
+                (
+                    ns,
+                    SocketAddr::from(([127, 0, 0, 1], 15021)),
+                    "/healthz/ready",
+                )
+            }
+            Role::Agent => (self.nodes[i].name, AGENT_HEALTH, "/readyz"),
+        };
+        let factory = self.topo.netns(netns)?.socket_factory(None)?;
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if ready(&factory, addr) {
+            if ready(&factory, addr, path) {
                 return Ok(());
             }
-            let exited = self
-                .proxies
-                .iter_mut()
-                .find(|p| p.pod == pod)
-                .and_then(|p| p.child.try_wait().ok().flatten());
-            if let Some(status) = exited {
-                bail!("ztunnel in {pod} exited ({status})\n{}", self.log_tails());
+            let procs = match role {
+                Role::Ztunnel => &mut self.proxies,
+                Role::Agent => &mut self.agents,
+            };
+            let p = &mut procs[i];
+            if let Ok(Some(status)) = p.child.try_wait() {
+                let what = p.what.clone();
+                bail!("{what} exited ({status})\n{}", self.log_tails());
             }
             if Instant::now() >= deadline || load::STOP.load(std::sync::atomic::Ordering::Relaxed) {
-                bail!("ztunnel in {pod} not ready\n{}", self.log_tails());
+                let what = p.what.clone();
+                bail!("{what} not ready\n{}", self.log_tails());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    /// The last lines of every proxy log, for error messages.
+    /// The last lines of every process log, for error messages.
     pub fn log_tails(&self) -> String {
         self.proxies
             .iter()
+            .chain(&self.agents)
             .map(|p| {
                 let text = std::fs::read_to_string(&p.log).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(15).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
-                format!("--- ztunnel in {} ---\n{}", p.pod, tail.join("\n"))
+                format!("--- {} ---\n{}", p.what, tail.join("\n"))
             })
             .collect::<Vec<_>>()
             .join("\n")
@@ -341,9 +639,23 @@ impl Scenario {
         self.proxies.iter().map(|p| p.child.id()).collect()
     }
 
+    /// Process id of the ztunnel serving the server pod (in-pod: the server node's).
+    pub fn server_proxy_pid(&self) -> Option<u32> {
+        self.proxies.get(1).map(|p| p.child.id())
+    }
+
     /// A socket factory of the client pod.
     pub fn client(&self) -> &Arc<NetnsSocketFactory> {
         &self.client
+    }
+
+    /// A command started inside the client pod's namespace (in the scenario's directory,
+    /// killed if this process dies).
+    pub fn client_command(&self, program: &Path) -> Result<Command> {
+        let mut cmd = self.topo.command(CLIENT, program)?;
+        cmd.current_dir(self.dir.path());
+        die_with_parent(&mut cmd);
+        Ok(cmd)
     }
 
     /// The discard server.
@@ -356,23 +668,30 @@ impl Scenario {
         SocketAddr::new(self.server_ip, load::ECHO_PORT)
     }
 
-    /// Fails if a proxy died (a crash mid-run must not pass as a slow measurement).
+    /// Fails if a proxy or agent died (a crash mid-run must not pass as a slow
+    /// measurement).
     pub fn check_alive(&mut self) -> Result<()> {
-        for p in &mut self.proxies {
+        for p in self.proxies.iter_mut().chain(&mut self.agents) {
             if let Ok(Some(status)) = p.child.try_wait() {
-                bail!("ztunnel in {} exited ({status})", p.pod);
+                bail!("{} exited ({status})", p.what);
             }
         }
         Ok(())
     }
 }
 
-fn token(pod: &str) -> String {
-    format!("{pod}-bench-token")
+#[derive(Clone, Copy, Debug)]
+enum Role {
+    Ztunnel,
+    Agent,
 }
 
-fn spiffe_id(pod: &str) -> Result<SpiffeId> {
-    Ok(SpiffeId::new(TRUST_DOMAIN, "default", pod)?)
+fn token(owner: &str) -> String {
+    format!("{owner}-bench-token")
+}
+
+fn spiffe_id(sa: &str) -> Result<SpiffeId> {
+    Ok(SpiffeId::new(TRUST_DOMAIN, inpod::NAMESPACE, sa)?)
 }
 
 /// Per-pod sysctls so the connection-rate test is not limited by ephemeral ports: a wide
@@ -387,13 +706,31 @@ fn tune_pod(topo: &Topology, pod: &str) -> Result<()> {
     .with_context(|| format!("sysctls in {pod}"))
 }
 
-/// GET /healthz/ready answered 200.
-fn ready(factory: &NetnsSocketFactory, addr: SocketAddr) -> bool {
+/// Makes the process `cmd` starts get SIGKILL when this process dies, so a bench killed
+/// with SIGKILL (no destructors run) leaves no proxy or agent behind. Children are started
+/// from the main thread, which lives as long as the process (the signal follows the
+/// spawning *thread*).
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
+    // async-signal-safe, with integer arguments.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// GET `path` answered 200.
+fn ready(factory: &NetnsSocketFactory, addr: SocketAddr, path: &str) -> bool {
     use std::io::{Read, Write};
     let Ok(mut s) = load::connect_blocking(factory, addr) else {
         return false;
     };
-    if s.write_all(b"GET /healthz/ready HTTP/1.0\r\nHost: x\r\n\r\n")
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
         .is_err()
     {
         return false;

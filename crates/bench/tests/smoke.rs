@@ -1,7 +1,9 @@
 //! Runs the whole harness in smoke mode (a few hundred milliseconds per measurement) so it
-//! cannot rot: both scenarios must start, every measurement must complete, and every metric
-//! in the JSON must be positive. Needs root (network namespaces); fails under CI=true
-//! without it.
+//! cannot rot: the baseline, the in-pod mesh (node agents, shared ztunnels, pods enrolled
+//! through the CNI plugin) and the dedicated mesh must start, every measurement must
+//! complete, every metric in the JSON must be positive, and nothing the run created (network
+//! namespaces, files, processes) may survive it. Needs root (network namespaces); fails
+//! under CI=true without it.
 
 use std::process::Command;
 
@@ -27,19 +29,32 @@ const PROXY: &[&str] = &[
     "proxy_bytes_per_idle_conn",
     "proxy_cpu_seconds_per_gb",
 ];
+/// Only in-pod scenarios (pods enrolled through the node agent).
+const IN_POD: &[&str] = &[
+    "ztunnel_rss_one_pod_kib",
+    "ztunnel_rss_enrolled_pods_kib",
+    "ztunnel_bytes_per_enrolled_pod",
+    "cni_add_ms_per_pod",
+];
 
 #[test]
-fn smoke_run_reports_every_metric_for_both_scenarios() {
+fn smoke_run_reports_every_metric_and_leaves_nothing_behind() {
     if !ambit_netns::testing::netns_capable_or_skip(
-        "smoke_run_reports_every_metric_for_both_scenarios",
+        "smoke_run_reports_every_metric_and_leaves_nothing_behind",
     ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
     let svg = dir.path().join("bench.svg");
+    // Every file and working directory of the run is under `dir`, which tells its processes
+    // apart from anyone else's.
     let out = Command::new(env!("CARGO_BIN_EXE_ambit-bench"))
+        .current_dir(dir.path())
+        .env("TMPDIR", dir.path())
         .arg("--smoke")
+        .arg("--scenarios")
+        .arg("baseline,ambit,ambit-dedicated")
         .arg("--json")
         .arg(&json)
         .arg("--svg")
@@ -53,6 +68,7 @@ fn smoke_run_reports_every_metric_for_both_scenarios() {
         "ambit-bench failed\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("connection rate"), "no table:\n{stdout}");
+    assert_nothing_left(&stderr, dir.path());
 
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["mode"], "smoke");
@@ -61,14 +77,20 @@ fn smoke_run_reports_every_metric_for_both_scenarios() {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["baseline", "ambit"]);
+    assert_eq!(names, ["baseline", "ambit", "ambit-dedicated"]);
     for s in scenarios {
         let name = s["name"].as_str().unwrap();
         let metrics = s["metrics"].as_object().unwrap();
         let expected: Vec<&str> = match name {
             "baseline" => COMMON.to_vec(),
+            "ambit" => COMMON.iter().chain(PROXY).chain(IN_POD).copied().collect(),
             _ => COMMON.iter().chain(PROXY).copied().collect(),
         };
+        if name == "ambit-dedicated" {
+            for key in IN_POD {
+                assert!(!metrics.contains_key(*key), "{name} has {key}");
+            }
+        }
         for key in expected {
             let median = metrics
                 .get(key)
@@ -81,7 +103,8 @@ fn smoke_run_reports_every_metric_for_both_scenarios() {
                 m["median"].as_f64().is_some_and(|v| v > 0.0),
                 "{name}: {key} = {m}"
             );
-            if name != "baseline" && !PROXY.contains(&key.as_str()) {
+            let proxy_only = PROXY.contains(&key.as_str()) || IN_POD.contains(&key.as_str());
+            if name != "baseline" && !proxy_only {
                 assert!(
                     m["ratio_to_baseline"].as_f64().is_some(),
                     "{name}: {key} has no ratio"
@@ -100,4 +123,42 @@ fn smoke_run_reports_every_metric_for_both_scenarios() {
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
     assert!(chart.contains("baseline") && chart.contains("ambit"));
+}
+
+/// Every scenario (including the fresh ones of the memory measurements) printed its
+/// namespace prefix and directory; none of them may exist any more, and no process may still
+/// run from under `root` (every process of the run works in a directory under it).
+fn assert_nothing_left(stderr: &str, root: &std::path::Path) {
+    let mut prefixes = 0;
+    for line in stderr.lines() {
+        let Some((_, rest)) = line.split_once(" namespaces: ") else {
+            continue;
+        };
+        let (prefix, files) = rest.split_once("~*, files: ").expect("prefix line format");
+        let left = ambit_topology::leftovers(prefix).expect("listing namespaces");
+        assert!(left.is_empty(), "namespaces left behind: {left:?}");
+        assert!(
+            !std::path::Path::new(files).exists(),
+            "directory left behind: {files}"
+        );
+        prefixes += 1;
+    }
+    // baseline, ambit, ambit-dedicated, plus the fresh copies for the memory measurements.
+    assert!(
+        prefixes >= 6,
+        "only {prefixes} scenarios reported:\n{stderr}"
+    );
+    let mut survivors = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("reading /proc").flatten() {
+        if let Ok(cwd) = std::fs::read_link(entry.path().join("cwd"))
+            && cwd.starts_with(root)
+        {
+            survivors.push(format!(
+                "{} in {}",
+                entry.file_name().to_string_lossy(),
+                cwd.display()
+            ));
+        }
+    }
+    assert!(survivors.is_empty(), "processes left behind: {survivors:?}");
 }
