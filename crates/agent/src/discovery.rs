@@ -102,7 +102,7 @@ pub fn find_pod_netns(
         // slice, attributed below by the pod IPs in its netns alone.
         let named = match cgroup::owner(&cgroup) {
             Some(Owner::Pod(uid)) => {
-                if !wanted.get(&uid).is_some_and(|ips| !ips.is_empty()) {
+                if wanted.get(&uid).is_none_or(Vec::is_empty) {
                     continue;
                 }
                 Some(uid)

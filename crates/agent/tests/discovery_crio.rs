@@ -99,7 +99,10 @@ fn crio_containers_outside_a_pod_slice_are_found_by_their_ips() {
         pods.iter().map(|(n, p)| (uid(*n), vec![ip(p)])).collect()
     };
     // (wanted pods, claimed namespaces, found (uid, pid))
-    let cases: Vec<(HashMap<String, Vec<IpAddr>>, HashSet<_>, Vec<(String, u32)>)> = vec![
+    type Wanted = HashMap<String, Vec<IpAddr>>;
+    type Claimed = HashSet<ambit_netns::NetnsId>;
+    type Case = (Wanted, Claimed, Vec<(String, u32)>);
+    let cases: Vec<Case> = vec![
         (
             wanted(&[(1, "p1"), (2, "p2"), (4, "p4")]),
             HashSet::new(),
