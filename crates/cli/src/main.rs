@@ -54,6 +54,16 @@ enum Command {
         after_help = "Examples:\n  sudo ambit exec demo/client -- python3 -c 'print(1)'\n  sudo ambit exec client -- curl -s http://server.demo.svc.cluster.local/"
     )]
     Exec(up::ExecArgs),
+    /// Add or change objects in a running embedded mesh (pods are created through the CNI
+    /// path; label changes enrol or un-enrol running pods; policies apply at once).
+    #[command(
+        after_help = "Examples:\n  sudo ambit apply -f examples/basic/extra/deny-all.yaml\n  sudo ambit apply -f - <<EOF\n  apiVersion: v1\n  kind: Pod\n  ...\n  EOF"
+    )]
+    Apply(ops::ApplyArgs),
+    /// Remove the objects a file names from a running embedded mesh (pods are stopped and
+    /// their namespaces deleted).
+    #[command(after_help = "Examples:\n  sudo ambit delete -f new-pod.yaml")]
+    Delete(ops::ApplyArgs),
     /// Print a component's log from the run directory.
     #[command(
         after_help = "Components: control, agent-NODE, ztunnel-NODE, a pod (NAME or NAMESPACE/NAME).\n\nExamples:\n  sudo ambit logs ztunnel-node1\n  sudo ambit logs demo/server | tail"
@@ -100,6 +110,8 @@ fn main() -> ExitCode {
         Command::Down(args) => up::down(args),
         Command::Status(args) => up::status(args),
         Command::Exec(args) => up::exec(args),
+        Command::Apply(args) => ops::apply(args, ambit_mesh::api::Op::Apply),
+        Command::Delete(args) => ops::apply(args, ambit_mesh::api::Op::Delete),
         Command::Logs(args) => ops::logs(args),
         Command::ZtunnelConfig(args) => ops::ztunnel_config(args),
         Command::Restart(args) => ops::restart(args),

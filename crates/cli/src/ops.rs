@@ -1,5 +1,5 @@
-//! Operating a running embedded mesh: `ambit logs`, `ambit ztunnel-config`, `ambit
-//! completions` (and `ambit restart`). Flags in, text out; the work is in [`ambit_mesh`].
+//! Operating a running embedded mesh: `ambit apply`/`delete`, `ambit logs`, `ambit
+//! ztunnel-config`, `ambit completions` (and `ambit restart`). Flags in, text out; the work is in [`ambit_mesh`].
 
 use std::process::ExitCode;
 
@@ -50,6 +50,61 @@ pub struct ZtunnelConfigArgs {
     /// Output format (`json`: the raw section of `/config_dump`, keyed by node).
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     output: Output,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    run: RunDirArgs,
+    /// Manifest file (multi-document YAML), or `-` for standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    file: std::path::PathBuf,
+}
+
+/// `ambit apply -f` / `ambit delete -f`: the running orchestrator does the work.
+pub fn apply(args: ApplyArgs, op: ambit_mesh::api::Op) -> ExitCode {
+    use std::io::Read;
+    let name = args.file.display().to_string();
+    let text = if name == "-" {
+        let mut t = String::new();
+        std::io::stdin().read_to_string(&mut t).map(|_| t)
+    } else {
+        std::fs::read_to_string(&args.file)
+    };
+    let text = match text {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("reading {name}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let run = RunDir::new(&args.run.run_dir);
+    let req = ambit_mesh::api::Request {
+        op,
+        file: if name == "-" { "<stdin>".into() } else { name },
+        text,
+    };
+    match ambit_mesh::api::request(&run, &req) {
+        Ok(resp) => {
+            for line in &resp.lines {
+                say(line);
+            }
+            if resp.ok {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!(
+                "error: {}",
+                resp.error
+                    .as_deref()
+                    .unwrap_or("the orchestrator refused the request")
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]

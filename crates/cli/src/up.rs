@@ -140,9 +140,21 @@ pub fn up(args: UpArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let api = match ambit_mesh::api::ApiServer::bind(mesh.run_dir()) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            say(&format!(
+                "! {e}: `ambit apply` and `ambit delete` are unavailable"
+            ));
+            None
+        }
+    };
     summary(&mesh, &args.run_dir);
     let mut mesh = mesh;
     while !cancel.load(Ordering::SeqCst) {
+        if let Some(api) = &api {
+            api.poll(&mut mesh);
+        }
         for exit in mesh.poll_exits() {
             say(&format!(
                 "! {} exited ({}); log: {}",
@@ -155,6 +167,7 @@ pub fn up(args: UpArgs) -> ExitCode {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    drop(api);
     say("· stopping: removing pods, components and namespaces");
     match mesh.shutdown() {
         Ok(()) => {
@@ -213,6 +226,9 @@ fn summary(mesh: &Mesh, run_dir: &std::path::Path) {
     ));
     say(&format!(
         "  ambit status{rd} [-o json]           readiness, enrolment, certificates"
+    ));
+    say(&format!(
+        "  ambit apply{rd} -f FILE              add or change pods, labels, policies"
     ));
     say(&format!("  logs in {}", mesh.run_dir().logs().display()));
     say("  Ctrl-C (or `ambit down`) removes everything.");

@@ -1,8 +1,10 @@
 //! The embedded mesh driven as a user would: `ambit up examples/basic` as a child process,
 //! `ambit status -o json`, traffic with `ambit exec` (allowed, denied by policy, plaintext
-//! refused under STRICT), `ambit down` leaving no namespace, process or socket behind — also
-//! after `up` was SIGKILLed — and bad manifests refused (naming file and document) without
-//! creating anything. Needs root (network namespaces).
+//! refused under STRICT), `ambit apply`/`delete` on the running mesh (a policy change, a new
+//! pod, a live label change un-enrolling and re-enrolling it, a bad manifest leaving the mesh
+//! untouched), `ambit down` leaving no namespace, process or socket behind — also after `up`
+//! was SIGKILLed or interrupted with Ctrl-C while starting — and bad manifests refused
+//! (naming file and document) without creating anything. Needs root (network namespaces).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -395,4 +397,214 @@ fn bad_manifests_are_refused_before_anything_is_created() {
         }
         assert!(!run.join("state.json").exists(), "{name}: state written");
     }
+}
+
+/// `ambit apply|delete -f -` with `text` on stdin.
+fn apply(run: &Path, op: &str, text: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(AMBIT)
+        .args([op, "-f", "-", "--run-dir"])
+        .arg(run)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ambit apply");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("ambit apply output")
+}
+
+fn status_json(run: &Path) -> serde_json::Value {
+    let out = ambit(run, &["status", "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).expect("status json")
+}
+
+fn pod_status(run: &Path, name: &str) -> Option<serde_json::Value> {
+    status_json(run)["pods"]
+        .as_array()
+        .expect("pods array")
+        .iter()
+        .find(|p| p["name"] == name)
+        .cloned()
+}
+
+const NEWCOMER: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: newcomer\n  namespace: demo\n  labels: {app: newcomer, istio.io/dataplane-mode: LABEL}\nspec:\n  nodeName: node1\n  serviceAccountName: newcomer\n  containers:\n  - name: http\n    command: [python3, -m, http.server, \"8080\", --bind, 0.0.0.0]\n";
+
+#[test]
+fn apply_and_delete_on_a_running_mesh() {
+    if !ambit_netns::testing::netns_capable_or_skip("apply_and_delete_on_a_running_mesh") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut up = Up::start(&example(), &run);
+    up.wait_ready();
+    let (prefix, mut pids) = recorded(&up.state());
+    let server_ip = pod_status(&run, "server").unwrap()["ip"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let server = format!("http://{server_ip}:8080/");
+    eventually_get(&run, "intruder", &server, false);
+
+    // Bad changes are refused, naming file and document, and change nothing.
+    let before = (
+        std::fs::read(run.join("state.json")).unwrap(),
+        std::fs::read(run.join("manifests/mesh.yaml")).unwrap(),
+    );
+    let bad: Vec<(&str, String, &[&str])> = vec![
+        (
+            "unknown kind",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: demo}\n".into(),
+            &["<stdin>", "document 1", "ConfigMap"],
+        ),
+        (
+            "malformed",
+            format!(
+                "{}---\nkind: [unclosed\n",
+                NEWCOMER.replace("LABEL", "ambient")
+            ),
+            &["<stdin>", "document 2"],
+        ),
+        (
+            "unknown node",
+            NEWCOMER
+                .replace("LABEL", "ambient")
+                .replace("node1", "node9"),
+            &["<stdin>", "document 1", "node9"],
+        ),
+        (
+            "changed command",
+            std::fs::read_to_string(example().join("workloads.yaml"))
+                .unwrap()
+                .replace("[sleep, infinity]", "[sleep, \"3600\"]"),
+            &["command", "delete the pod"],
+        ),
+    ];
+    for (name, text, needles) in bad {
+        let out = apply(&run, "apply", &text);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: accepted: {out:?}");
+        for n in needles {
+            assert!(err.contains(n), "{name}: {n:?} not in {err}");
+        }
+    }
+    let out = apply(&run, "delete", NEWCOMER);
+    assert!(!out.status.success(), "delete of a missing pod: {out:?}");
+    let after = (
+        std::fs::read(run.join("state.json")).unwrap(),
+        std::fs::read(run.join("manifests/mesh.yaml")).unwrap(),
+    );
+    assert!(before == after, "a refused change modified the mesh");
+    eventually_get(&run, "client", &server, true);
+
+    // A policy change: intruder is allowed too.
+    let policy = std::fs::read_to_string(example().join("policies.yaml"))
+        .unwrap()
+        .replace(
+            "principals: [cluster.local/ns/demo/sa/client]",
+            "principals: [cluster.local/ns/demo/sa/client, cluster.local/ns/demo/sa/intruder]",
+        );
+    let out = apply(&run, "apply", &policy);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("AuthorizationPolicy demo/server-allow-client configured"),
+        "{text}"
+    );
+    eventually_get(&run, "intruder", &server, true);
+
+    // A new ambient pod, created through the CNI path: captured, STRICT applies to it.
+    let out = apply(&run, "apply", &NEWCOMER.replace("LABEL", "ambient"));
+    assert!(out.status.success(), "{out:?}\n{}", logs(&run));
+    let pod = pod_status(&run, "newcomer").expect("newcomer in status");
+    assert_eq!(pod["enrolled"], true, "{pod}");
+    assert_eq!(pod["running"], true, "{pod}");
+    let netns = up.state()["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "newcomer")
+        .map(|p| PathBuf::from(p["netns"].as_str().unwrap()))
+        .expect("newcomer in state.json");
+    assert!(netns.exists(), "{}", netns.display());
+    let newcomer = format!("http://{}:8080/", pod["ip"].as_str().unwrap());
+    eventually_get(&run, "client", &newcomer, true);
+    eventually_get(&run, "outsider", &newcomer, false);
+
+    // Live label change: out of the mesh (plaintext reaches it), then back in.
+    for (label, enrolled) in [("none", false), ("ambient", true)] {
+        let out = apply(&run, "apply", &NEWCOMER.replace("LABEL", label));
+        assert!(out.status.success(), "{label}: {out:?}\n{}", logs(&run));
+        let pod = pod_status(&run, "newcomer").unwrap();
+        assert_eq!(pod["enrolled"], enrolled, "{label}: {pod}");
+        eventually_get(&run, "outsider", &newcomer, !enrolled);
+        eventually_get(&run, "client", &newcomer, true);
+    }
+
+    // Deleted: process stopped, namespace gone, no longer in status.
+    let state = up.state();
+    pids.extend(recorded(&state).1);
+    let out = apply(&run, "delete", &NEWCOMER.replace("LABEL", "ambient"));
+    assert!(out.status.success(), "{out:?}");
+    assert!(pod_status(&run, "newcomer").is_none());
+    assert!(!netns.exists(), "{} still exists", netns.display());
+    eventually_get(&run, "client", &server, true);
+
+    let out = ambit(&run, &["down"]);
+    assert!(out.status.success(), "{out:?}");
+    let _ = up.child.wait();
+    let left = leftovers(&prefix, &pids, &run);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+#[test]
+fn ctrl_c_while_starting_removes_everything() {
+    if !ambit_netns::testing::netns_capable_or_skip("ctrl_c_while_starting_removes_everything") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut up = Up::start(&example(), &run);
+    // Interrupt once the nodes' components are being started (namespaces exist).
+    let deadline = Instant::now() + UP_TIMEOUT;
+    loop {
+        let line = up
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("progress line");
+        let starting = line.contains("starting cni-agent");
+        up.seen.push(line);
+        if starting {
+            break;
+        }
+    }
+    let (prefix, pids) = recorded(&up.state());
+    assert!(!ambit_topology::leftovers(&prefix).unwrap().is_empty());
+    let kill = Command::new("kill")
+        .args(["-INT", &up.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(kill.success());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Ok(Some(s)) = up.child.try_wait() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "ambit up ignored Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        !status.success(),
+        "an interrupted start is a failure: {status}"
+    );
+    up.down_on_drop = false;
+    let left = leftovers(&prefix, &pids, &run);
+    assert!(left.is_empty(), "left behind: {left:#?}");
 }

@@ -16,16 +16,22 @@
 //! | [`exec`] | a command inside a pod's netns with its env |
 //! | [`logs`] | which log file belongs to a component |
 //! | [`ztunnel_config`] | a ztunnel's `/config_dump` and its tables |
+//! | [`apply`] | `ambit apply -f` / `delete -f` on a running mesh ([`Mesh::apply`]) |
+//! | [`api`] | the orchestrator's request socket `api.sock` (server and client) |
 //! | [`restart`] | running a node's ztunnel or agent again from its recorded command |
 //! | `probe` | TCP/HTTP from inside a namespace |
 //!
-//! Layout of a run directory: `state.json`; `manifests/mesh.yaml` (what `ambit control`
-//! watches); `control/` (CA root); `tokens.yaml`; `nodes/NODE/{ztunnel.sock, cni/, pods/}`;
+//! Layout of a run directory: `state.json`; `api.sock`; `manifests/mesh.yaml` (what `ambit
+//! control` watches); `control/` (CA root); `tokens.yaml`;
+//! `nodes/NODE/{ztunnel.sock, cni/, pods/, status/}` (`status/` holds the agent's
+//! redirection annotations);
 //! `pods/NAME.NAMESPACE/` (a pod's working directory); `logs/` (kept after `down`).
 //!
 //! This crate touches `nix` only for signals to recorded pids; namespaces go through
 //! `ambit-netns` and `ambit-topology`.
 
+pub mod api;
+pub mod apply;
 pub mod down;
 pub mod exec;
 pub mod logs;
@@ -38,6 +44,7 @@ pub mod status;
 pub mod up;
 pub mod ztunnel_config;
 
+pub use apply::ApplyError;
 pub use down::{DownError, DownReport, down};
 pub use manifests::{ManifestError, Manifests};
 pub use state::{MeshState, RunDir};

@@ -64,6 +64,10 @@ pub enum ManifestError {
     NameTooLong { origin: Origin, pod: String },
     #[error("no pods: the embedded mesh needs at least one Pod (with spec.nodeName)")]
     NoPods,
+    #[error("{file}: no objects to apply or delete")]
+    NothingToApply { file: String },
+    #[error("{origin}: {object} not found")]
+    NotFound { origin: Origin, object: String },
 }
 
 /// One pod to create.
@@ -91,19 +95,30 @@ impl PodPlan {
     }
 }
 
-/// One manifest file: its name and raw documents.
+/// One non-empty document: where it came from (the directory at `up`, or the file of an
+/// `apply`), its key and its raw value.
 #[derive(Debug, Clone)]
-struct SourceFile {
-    name: String,
-    documents: Vec<Value>,
+struct Document {
+    origin: Origin,
+    key: ObjectKey,
+    value: Value,
 }
 
-/// A checked manifest directory.
+/// A checked manifest set: the directory given to `up`, changed by `apply` and `delete`.
 #[derive(Debug, Clone)]
 pub struct Manifests {
-    files: Vec<SourceFile>,
+    docs: Vec<Document>,
     set: ObjectSet,
     pods: Vec<PodPlan>,
+}
+
+/// What an `apply` or `delete` changes, by object (`Kind namespace/name`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Change {
+    pub created: Vec<String>,
+    pub configured: Vec<String>,
+    pub unchanged: Vec<String>,
+    pub deleted: Vec<String>,
 }
 
 /// Per pod, what the generated manifests add.
@@ -149,32 +164,86 @@ impl Manifests {
     /// Checks `(file name, text)` pairs: the loader's checks (YAML, kinds, fields, duplicates
     /// across files), then what the embedded mesh needs of pods.
     pub fn from_texts(texts: &[(String, String)]) -> Result<Self, ManifestError> {
-        let mut set = ObjectSet::new();
-        let mut files = Vec::new();
+        let mut docs = Vec::new();
         for (name, text) in texts {
-            for object in objects::load_documents(name, text)? {
+            docs.extend(documents(name, text)?);
+        }
+        let m = Self::from_documents(docs)?;
+        if m.pods.is_empty() {
+            return Err(ManifestError::NoPods);
+        }
+        Ok(m)
+    }
+
+    fn from_documents(docs: Vec<Document>) -> Result<Self, ManifestError> {
+        let mut set = ObjectSet::new();
+        for doc in &docs {
+            let text = serde_norway::to_string(&doc.value).map_err(|e| ObjectError::Yaml {
+                origin: doc.origin.clone(),
+                line: None,
+                message: e.to_string(),
+            })?;
+            for mut object in objects::load_documents(&doc.origin.file, &text)? {
+                object.origin = doc.origin.clone();
                 set.insert(object)?;
             }
-            // Already parsed successfully above, so this cannot fail; stay total anyway.
-            let mut documents = Vec::new();
-            for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
-                let value = Value::deserialize(doc).map_err(|e| ObjectError::Yaml {
-                    origin: Origin {
-                        file: name.clone(),
-                        document: i + 1,
-                    },
-                    line: e.location().map(|l| l.line()),
-                    message: e.to_string(),
-                })?;
-                documents.push(value);
-            }
-            files.push(SourceFile {
-                name: name.clone(),
-                documents,
-            });
         }
         let pods = plan_pods(&set)?;
-        Ok(Self { files, set, pods })
+        Ok(Self { docs, set, pods })
+    }
+
+    /// `kubectl apply -f`: every object of `text` (named `file` in errors) replaces the object
+    /// with the same kind, namespace and name, or is added. The result is checked as a whole;
+    /// on error nothing changes (`self` is untouched either way).
+    pub fn apply(&self, file: &str, text: &str) -> Result<(Self, Change), ManifestError> {
+        let applied = documents(file, text)?;
+        if applied.is_empty() {
+            return Err(ManifestError::NothingToApply {
+                file: file.to_owned(),
+            });
+        }
+        let mut docs = self.docs.clone();
+        let mut change = Change::default();
+        for doc in applied {
+            let label = key_label(&doc.key);
+            match docs.iter_mut().find(|d| d.key == doc.key) {
+                Some(existing) if existing.value == doc.value => change.unchanged.push(label),
+                Some(existing) => {
+                    *existing = doc;
+                    change.configured.push(label);
+                }
+                None => {
+                    docs.push(doc);
+                    change.created.push(label);
+                }
+            }
+        }
+        Ok((Self::from_documents(docs)?, change))
+    }
+
+    /// `kubectl delete -f`: removes every object `text` names (by kind, namespace and name;
+    /// the rest of each document is ignored). An object that does not exist is an error
+    /// naming its document; the result is checked as a whole; on error nothing changes.
+    pub fn delete(&self, file: &str, text: &str) -> Result<(Self, Change), ManifestError> {
+        let named = documents(file, text)?;
+        if named.is_empty() {
+            return Err(ManifestError::NothingToApply {
+                file: file.to_owned(),
+            });
+        }
+        let mut docs = self.docs.clone();
+        let mut change = Change::default();
+        for doc in named {
+            let Some(pos) = docs.iter().position(|d| d.key == doc.key) else {
+                return Err(ManifestError::NotFound {
+                    origin: doc.origin,
+                    object: key_label(&doc.key),
+                });
+            };
+            docs.remove(pos);
+            change.deleted.push(key_label(&doc.key));
+        }
+        Ok((Self::from_documents(docs)?, change))
     }
 
     /// The pods, in manifest order.
@@ -197,44 +266,38 @@ impl Manifests {
     /// `only_node`: keep just Namespaces and the Pods of that node (what an agent reads).
     pub fn render(&self, status: &BTreeMap<String, PodStatus>, only_node: Option<&str>) -> String {
         let mut out = String::new();
-        for file in &self.files {
-            for doc in &file.documents {
-                let mut doc = doc.clone();
-                let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
-                let is_pod = kind == "Pod";
-                if let Some(node) = only_node {
-                    let keep = match kind {
-                        "Namespace" => true,
-                        "Pod" => {
-                            doc.get("spec")
-                                .and_then(|s| s.get("nodeName"))
-                                .and_then(Value::as_str)
-                                == Some(node)
-                        }
-                        _ => false,
-                    };
-                    if !keep {
-                        continue;
+        for d in &self.docs {
+            let mut doc = d.value.clone();
+            let kind = d.key.kind;
+            if let Some(node) = only_node {
+                let keep = match kind {
+                    Kind::Namespace => true,
+                    Kind::Pod => {
+                        doc.get("spec")
+                            .and_then(|s| s.get("nodeName"))
+                            .and_then(Value::as_str)
+                            == Some(node)
                     }
-                }
-                if doc.is_null() {
+                    _ => false,
+                };
+                if !keep {
                     continue;
                 }
-                if is_pod {
-                    let key = doc_pod_key(&doc);
-                    if let Some(st) = status.get(&key) {
-                        patch_pod(&mut doc, st);
-                    }
+            }
+            if kind == Kind::Pod {
+                let key = format!("{}/{}", d.key.namespace, d.key.name);
+                if let Some(st) = status.get(&key) {
+                    patch_pod(&mut doc, st);
                 }
-                match serde_norway::to_string(&doc) {
-                    Ok(text) => {
-                        out.push_str("---\n");
-                        out.push_str(&text);
-                    }
-                    // A value that was parsed from YAML always serialises; skip rather than panic.
-                    Err(e) => {
-                        tracing::warn!(file = %file.name, error = %e, "cannot re-serialise a document")
-                    }
+            }
+            match serde_norway::to_string(&doc) {
+                Ok(text) => {
+                    out.push_str("---\n");
+                    out.push_str(&text);
+                }
+                // A value that was parsed from YAML always serialises; skip rather than panic.
+                Err(e) => {
+                    tracing::warn!(origin = %d.origin, error = %e, "cannot re-serialise a document")
                 }
             }
         }
@@ -242,19 +305,44 @@ impl Manifests {
     }
 }
 
-/// `namespace/name` of a Pod document (namespace defaults to `default`, as the loader does).
-fn doc_pod_key(doc: &Value) -> String {
-    let meta = doc.get("metadata");
-    let name = meta
-        .and_then(|m| m.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let ns = meta
-        .and_then(|m| m.get("namespace"))
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .unwrap_or("default");
-    format!("{ns}/{name}")
+/// `Kind namespace/name` (or `Kind name` for cluster-scoped kinds).
+fn key_label(key: &ObjectKey) -> String {
+    if key.namespace.is_empty() {
+        format!("{} {}", key.kind.as_str(), key.name)
+    } else {
+        format!("{} {}/{}", key.kind.as_str(), key.namespace, key.name)
+    }
+}
+
+/// The non-empty documents of one file, each with its key, after the loader's checks (so
+/// YAML errors, unknown kinds and duplicates inside the file name the file and document).
+fn documents(file: &str, text: &str) -> Result<Vec<Document>, ManifestError> {
+    let objects = objects::load_documents(file, text)?;
+    let mut values = Vec::new();
+    for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+        let origin = Origin {
+            file: file.to_owned(),
+            document: i + 1,
+        };
+        // Already parsed successfully by the loader; stay total anyway.
+        let value = Value::deserialize(doc).map_err(|e| ObjectError::Yaml {
+            origin: origin.clone(),
+            line: e.location().map(|l| l.line()),
+            message: e.to_string(),
+        })?;
+        values.push((origin, value));
+    }
+    Ok(objects
+        .into_iter()
+        .filter_map(|o| {
+            let (origin, value) = values.iter().find(|(origin, _)| *origin == o.origin)?;
+            Some(Document {
+                origin: origin.clone(),
+                key: o.key(),
+                value: value.clone(),
+            })
+        })
+        .collect())
 }
 
 /// The mapping under `key`, created (or replacing a non-mapping) if needed.
@@ -403,9 +491,6 @@ fn plan_pods(set: &ObjectSet) -> Result<Vec<PodPlan>, ManifestError> {
             origin,
         });
     }
-    if out.is_empty() {
-        return Err(ManifestError::NoPods);
-    }
     // Node and pod names share the topology's name space; pod names contain a '.', so a
     // clash needs a node named like `pod.namespace`, which we refuse here.
     for p in &out {
@@ -510,6 +595,60 @@ mod tests {
             .expect_err("duplicate")
             .to_string();
         assert!(err.contains("a.yaml") && err.contains("b.yaml"), "{err}");
+    }
+
+    #[test]
+    fn apply_adds_replaces_and_refuses_as_a_whole() {
+        let m = load(&[("a.yaml", GOOD)]).expect("valid");
+        let new_pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: extra, namespace: demo}\nspec:\n  nodeName: node2\n  containers: [{name: c, command: [sleep]}]\n";
+        let relabel = "apiVersion: v1\nkind: Namespace\nmetadata: {name: demo, labels: {istio.io/dataplane-mode: none}}\n";
+        let (next, change) = m
+            .apply("new.yaml", &format!("{new_pod}---\n{relabel}"))
+            .expect("applies");
+        assert_eq!(change.created, vec!["Pod demo/extra"]);
+        assert_eq!(change.configured, vec!["Namespace demo"]);
+        assert_eq!(next.pods().len(), 3);
+        assert!(
+            next.pods().iter().all(|p| !p.ambient),
+            "namespace label none: nothing ambient"
+        );
+        assert_eq!(m.pods().len(), 2, "the original is untouched");
+        let (_, again) = next.apply("new.yaml", new_pod).expect("idempotent");
+        assert_eq!(again.unchanged, vec!["Pod demo/extra"]);
+
+        // (case, text, what the error must mention)
+        let cases = [
+            ("malformed", "kind: [unclosed\n".to_string(), "bad.yaml"),
+            (
+                "unknown kind",
+                "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n".into(),
+                "document 1",
+            ),
+            (
+                "unknown namespace",
+                new_pod.replace("namespace: demo", "namespace: nope"),
+                "nope",
+            ),
+            ("empty", "---\n".into(), "no objects"),
+        ];
+        for (name, text, needle) in cases {
+            let err = m.apply("bad.yaml", &text).expect_err(name).to_string();
+            assert!(err.contains(needle), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn delete_removes_named_objects_or_refuses() {
+        let m = load(&[("a.yaml", GOOD)]).expect("valid");
+        let client = "apiVersion: v1\nkind: Pod\nmetadata: {name: client, namespace: demo}\n";
+        let (next, change) = m.delete("d.yaml", client).expect("deletes");
+        assert_eq!(change.deleted, vec!["Pod demo/client"]);
+        assert_eq!(next.pods().len(), 1);
+        let err = next.delete("d.yaml", client).expect_err("gone").to_string();
+        assert!(err.contains("d.yaml") && err.contains("not found"), "{err}");
+        let ns = "apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n";
+        let err = m.delete("d.yaml", ns).expect_err("still used").to_string();
+        assert!(err.contains("demo"), "{err}");
     }
 
     #[test]

@@ -63,6 +63,15 @@ impl RunDir {
     pub fn pod(&self, topology_name: &str) -> PathBuf {
         self.root.join("pods").join(topology_name)
     }
+    /// Where a node's agent writes its pods' redirection annotations (one file per pod,
+    /// `NAMESPACE_NAME`): the API server's copy of what the agent patched.
+    pub fn pod_status(&self, node: &str) -> PathBuf {
+        self.node(node).join("status")
+    }
+    /// The orchestrator's request socket (`ambit apply`, `ambit delete`).
+    pub fn api_socket(&self) -> PathBuf {
+        self.root.join("api.sock")
+    }
     /// Everything `down` deletes (logs are kept for a post-mortem).
     pub fn generated(&self) -> Vec<PathBuf> {
         vec![
@@ -71,6 +80,7 @@ impl RunDir {
             self.tokens(),
             self.root.join("nodes"),
             self.root.join("pods"),
+            self.api_socket(),
             self.state(),
         ]
     }

@@ -41,6 +41,8 @@ pub const AGENT_HEALTH_PORT: u16 = 8000;
 pub const AGENT_METRICS_PORT: u16 = 15014;
 pub const ZTUNNEL_ADMIN_PORT: u16 = 15000;
 pub const ZTUNNEL_READY_PORT: u16 = 15021;
+/// The node's primary CNI configuration (what the agent's installer chains `istio-cni` into).
+pub const PRIMARY_CONFLIST: &str = "10-ambit-mesh.conflist";
 
 /// How to bring a mesh up.
 #[derive(Debug, Clone)]
@@ -103,9 +105,10 @@ pub enum UpError {
         status: std::process::ExitStatus,
         log: PathBuf,
     },
-    #[error("CNI ADD for pod {pod} failed ({status}): {output}")]
+    #[error("CNI {command} for pod {pod} failed ({status}): {output}")]
     CniAdd {
         pod: String,
+        command: String,
         status: std::process::ExitStatus,
         output: String,
     },
@@ -115,11 +118,13 @@ pub enum UpError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the node's CNI configuration {path}: {reason}")]
+    CniConfig { path: PathBuf, reason: String },
     #[error("interrupted")]
     Cancelled,
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
     move |source| UpError::Io {
         path: path.to_path_buf(),
         source,
@@ -129,13 +134,13 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
 /// A running mesh. Dropping it tears everything down.
 #[derive(Debug)]
 pub struct Mesh {
-    cfg: UpConfig,
-    run: RunDir,
-    manifests: Manifests,
-    state: MeshState,
-    pod_status: BTreeMap<String, PodStatus>,
-    children: Vec<(ProcessRecord, Child)>,
-    topology: Option<Topology>,
+    pub(crate) cfg: UpConfig,
+    pub(crate) run: RunDir,
+    pub(crate) manifests: Manifests,
+    pub(crate) state: MeshState,
+    pub(crate) pod_status: BTreeMap<String, PodStatus>,
+    pub(crate) children: Vec<(ProcessRecord, Child)>,
+    pub(crate) topology: Option<Topology>,
     done: bool,
 }
 
@@ -214,7 +219,7 @@ impl Mesh {
         }
     }
 
-    fn check_cancel(&self) -> Result<(), UpError> {
+    pub(crate) fn check_cancel(&self) -> Result<(), UpError> {
         if self.cfg.cancel.load(Ordering::Relaxed) {
             Err(UpError::Cancelled)
         } else {
@@ -338,10 +343,27 @@ impl Mesh {
                 "starting cni-agent and ztunnel on node {}",
                 node.name
             ));
+            // The primary network's config, as a node has one before istio-cni is installed
+            // (the topology plays the primary plugin: veth + host-local address).
+            let path = self.run.node(&node.name).join("cni").join(PRIMARY_CONFLIST);
+            let cidr = self
+                .topology
+                .as_ref()
+                .and_then(|t| t.get_node(&node.name))
+                .map(|n| n.pod_cidr().to_string())
+                .unwrap_or_default();
+            let primary = json!({
+                "cniVersion": "1.0.0",
+                "name": "k8s-pod-network",
+                "plugins": [{"type": "ptp", "ipam": {"type": "host-local", "ranges": [[{"subnet": cidr}]]}}]
+            });
+            write_atomic(&path, primary.to_string().as_bytes()).map_err(io_err(&path))?;
             let mut cmd = self.role_command(&node.netns)?;
             cmd.arg("cni-agent")
                 .arg("--pods")
                 .arg(self.run.node(&node.name).join("pods"))
+                .arg("--pod-status")
+                .arg(self.run.pod_status(&node.name))
                 .env("NODE_NAME", &node.name)
                 .env("ZTUNNEL_UDS_ADDRESS", &node.zds_socket)
                 .env("CNI_AGENT_RUN_DIR", &node.agent_run_dir)
@@ -416,96 +438,22 @@ impl Mesh {
         Ok(())
     }
 
-    fn create_pod(&mut self, i: usize, progress: &dyn Fn(&str)) -> Result<(), UpError> {
+    pub(crate) fn create_pod(&mut self, i: usize, progress: &dyn Fn(&str)) -> Result<(), UpError> {
         let pod = self.state.pods[i].clone();
         let key = format!("{}/{}", pod.namespace, pod.name);
-        let Some(node) = self
-            .state
-            .nodes
-            .iter()
-            .find(|n| n.name == pod.node)
-            .cloned()
-        else {
-            return Ok(());
-        };
-        let gateway = self
-            .topology
-            .as_ref()
-            .and_then(|t| t.get_pod(&format!("{}.{}", pod.name, pod.namespace)))
-            .map(|p| p.gateway().to_string())
-            .unwrap_or_default();
-        let uid = self
-            .manifests
-            .pods()
-            .iter()
-            .find(|p| p.key() == key)
-            .map(|p| p.uid.clone())
-            .unwrap_or_default();
-        let netns = pod.netns.display().to_string();
-        let conf = json!({
-            "cniVersion": "1.0.0",
-            "name": "k8s-pod-network",
-            "type": "istio-cni",
-            "plugin_log_level": "info",
-            "cni_agent_run_dir": node.agent_run_dir,
-            "ambient_enabled": true,
-            "enablement_selectors": [
-                {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}, "namespaceSelector": {}},
-                {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
-                 "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
-            ],
-            "exclude_namespaces": ["kube-system"],
-            "pod_namespace": "istio-system",
-            "native_nftables": false,
-            "enable_ambient_detection_retry": false,
-            "ipam": {},
-            "dns": {},
-            "prevResult": {
-                "cniVersion": "1.0.0",
-                "interfaces": [{"name": "eth0", "sandbox": netns}],
-                "ips": [{"address": format!("{}/32", pod.ip), "gateway": gateway, "interface": 0}],
-                "dns": {}
+        // A runtime retries a failed sandbox creation; so do we, within a bound: the agent
+        // may not have read a just-written pod yet, or fails closed until ztunnel is back.
+        let deadline = Instant::now() + self.cfg.timeout.min(Duration::from_secs(15));
+        loop {
+            match self.cni(&pod, "ADD") {
+                Ok(()) => break,
+                Err(e @ UpError::CniAdd { .. }) if Instant::now() < deadline => {
+                    tracing::debug!(pod = %key, error = %e, "CNI ADD failed; retrying");
+                    self.check_cancel()?;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e),
             }
-        });
-        let container_id = format!("{}-{}", self.state.prefix, uid.replace('-', ""));
-        let mut cmd = self.role_command(&node.netns)?;
-        cmd.arg("cni-plugin")
-            .env("CNI_COMMAND", "ADD")
-            .env("CNI_CONTAINERID", &container_id)
-            .env("CNI_NETNS", &netns)
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", self.cfg.ambit_exe.parent().unwrap_or(Path::new("/")))
-            .env(
-                "CNI_ARGS",
-                format!(
-                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uid}",
-                    pod.namespace, pod.name
-                ),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let cni_err = |source| UpError::CniExec {
-            pod: key.clone(),
-            source,
-        };
-        let mut child = cmd.spawn().map_err(cni_err)?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(conf.to_string().as_bytes())
-                .map_err(cni_err)?;
-        }
-        let out = child.wait_with_output().map_err(cni_err)?;
-        if !out.status.success() {
-            return Err(UpError::CniAdd {
-                pod: key,
-                status: out.status,
-                output: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&out.stdout).trim(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            });
         }
         self.state.pods[i].created = true;
         if pod.ambient {
@@ -546,8 +494,100 @@ impl Mesh {
         Ok(())
     }
 
+    /// Runs the CNI plugin executable for `pod` (`ADD` or `DEL`) as a runtime would: in
+    /// the node's namespace, CNI_* environment, the network config on stdin with a
+    /// prevResult holding the pod's address.
+    pub(crate) fn cni(&self, pod: &PodState, command: &str) -> Result<(), UpError> {
+        let key = format!("{}/{}", pod.namespace, pod.name);
+        let Some(node) = self.state.nodes.iter().find(|n| n.name == pod.node) else {
+            return Ok(());
+        };
+        let gateway = self
+            .topology
+            .as_ref()
+            .and_then(|t| t.get_pod(&format!("{}.{}", pod.name, pod.namespace)))
+            .map(|p| p.gateway().to_string())
+            .unwrap_or_default();
+        let uid = self
+            .manifests
+            .pods()
+            .iter()
+            .find(|p| p.key() == key)
+            .map(|p| p.uid.clone())
+            .unwrap_or_default();
+        let netns = pod.netns.display().to_string();
+        // As a runtime does: the node's chained config list, which the agent's installer
+        // extended with its `istio-cni` entry; the primary plugin's work (veth, address) is
+        // the topology's, so its result is the prevResult.
+        let conflist = self.run.node(&node.name).join("cni").join(PRIMARY_CONFLIST);
+        let list: serde_json::Value = std::fs::read(&conflist)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let Some(mut conf) = list["plugins"]
+            .as_array()
+            .and_then(|p| p.iter().find(|e| e["type"] == "istio-cni"))
+            .cloned()
+        else {
+            return Err(UpError::CniConfig {
+                path: conflist,
+                reason: "no istio-cni entry (the agent's installer adds it)".into(),
+            });
+        };
+        conf["cniVersion"] = list["cniVersion"].clone();
+        conf["name"] = list["name"].clone();
+        conf["prevResult"] = json!({
+            "cniVersion": list["cniVersion"],
+            "interfaces": [{"name": "eth0", "sandbox": netns}],
+            "ips": [{"address": format!("{}/32", pod.ip), "gateway": gateway, "interface": 0}],
+            "dns": {}
+        });
+        let container_id = format!("{}-{}", self.state.prefix, uid.replace('-', ""));
+        let mut cmd = self.role_command(&node.netns)?;
+        cmd.arg("cni-plugin")
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", &container_id)
+            .env("CNI_NETNS", &netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", self.cfg.ambit_exe.parent().unwrap_or(Path::new("/")))
+            .env(
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uid}",
+                    pod.namespace, pod.name
+                ),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let cni_err = |source| UpError::CniExec {
+            pod: key.clone(),
+            source,
+        };
+        let mut child = cmd.spawn().map_err(cni_err)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(conf.to_string().as_bytes())
+                .map_err(cni_err)?;
+        }
+        let out = child.wait_with_output().map_err(cni_err)?;
+        if !out.status.success() {
+            return Err(UpError::CniAdd {
+                pod: key,
+                command: command.to_owned(),
+                status: out.status,
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout).trim(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// A command for an `ambit` role inside `netns` with only the base environment.
-    fn role_command(&self, netns: &Path) -> Result<Command, UpError> {
+    pub(crate) fn role_command(&self, netns: &Path) -> Result<Command, UpError> {
         let mut cmd = Command::new(&self.cfg.ambit_exe);
         set_command_netns(&mut cmd, &NetnsFd::open(netns)?)?;
         cmd.env_clear()
@@ -556,7 +596,7 @@ impl Mesh {
         Ok(cmd)
     }
 
-    fn spawn(&mut self, cmd: Command, role: Role, log: &str) -> Result<(), UpError> {
+    pub(crate) fn spawn(&mut self, cmd: Command, role: Role, log: &str) -> Result<(), UpError> {
         let log = self.run.logs().join(log);
         let (child, record) = process::spawn(cmd, role, &log)?;
         self.state.processes.push(record.clone());
@@ -606,13 +646,13 @@ impl Mesh {
 
     /// Rewrites what the control plane and the agents read: like the API server, the files
     /// keep the enrolment annotation, so a restarted agent rebuilds its snapshot from them.
-    fn write_manifests(&self) -> Result<(), UpError> {
+    pub(crate) fn write_manifests(&self) -> Result<(), UpError> {
         let path = self.run.manifests().join("mesh.yaml");
         let text = self.manifests.render(&self.pod_status, None);
         write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
-        for n in self.manifests.nodes() {
-            let path = self.run.node(&n).join("pods/pods.yaml");
-            let text = self.manifests.render(&self.pod_status, Some(&n));
+        for n in &self.state.nodes {
+            let path = self.run.node(&n.name).join("pods/pods.yaml");
+            let text = self.manifests.render(&self.pod_status, Some(&n.name));
             write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
         }
         Ok(())
