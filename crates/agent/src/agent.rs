@@ -10,6 +10,7 @@
 //! enrolled-pod table, so a CNI ADD, a label change and a verification pass never
 //! interleave on one pod.
 
+pub mod aws_eni;
 mod http;
 mod mesh;
 pub mod metrics;

@@ -60,6 +60,9 @@ pub struct AgentConfig {
     pub native_nftables: bool,
     /// `AMBIENT_DISABLE_SAFE_UPGRADE` (default false): always clean up on shutdown (§1.10).
     pub disable_safe_upgrade: bool,
+    /// `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE` (default true): host rules for AWS VPC CNI
+    /// branch-ENI pods when the host has `net.ipv4.tcp_early_demux=0` (§3.11).
+    pub aws_branch_eni_probe: bool,
     /// `NODE_NAME`: pods of other nodes are ignored (empty = accept all).
     pub node_name: String,
     /// `POD_NAMESPACE`.
@@ -313,6 +316,7 @@ impl AgentConfig {
             reconcile: v.bool("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", false),
             native_nftables: v.bool("NATIVE_NFTABLES", false),
             disable_safe_upgrade: v.bool("AMBIENT_DISABLE_SAFE_UPGRADE", false),
+            aws_branch_eni_probe: v.bool("AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE", true),
             node_name: v.string("NODE_NAME", ""),
             pod_namespace: v.string("POD_NAMESPACE", "istio-system"),
             probe_snat_v4: v.parsed("HOST_PROBE_SNAT_IP", DEFAULT_PROBE_SNAT_V4, |s| {

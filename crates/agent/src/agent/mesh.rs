@@ -8,6 +8,7 @@ use std::sync::Arc;
 use ambit_netns::NetnsFd;
 use ambit_redirect::{IfaceName, InPod, PodRedirectConfig};
 
+use super::aws_eni;
 use super::runner::FdRunner;
 use super::verify::{rules_present, ztunnel_listening};
 use super::{Core, Key};
@@ -231,11 +232,24 @@ impl<S: PodSource> Core<S> {
     /// §1.4 step 5 d and e, once ztunnel has the pod.
     async fn finish_enrol(&self, pod: &Pod, ips: Vec<IpAddr>) -> Result<(), MeshError> {
         // d. probe set.
-        for ip in ips {
+        for ip in ips.iter().copied() {
             let (probe, uid) = (self.probe_handle(), pod.uid.clone());
             blocking(move || probe.upsert(ip, &uid).map_err(|e| e.to_string()))
                 .await
                 .map_err(MeshError::ProbeSet)?;
+        }
+        // AWS branch-ENI pods need host rules for probe replies (§3.11; logged, never fatal).
+        {
+            let (runner, enabled, name, ips) = (
+                self.probe_runner(),
+                self.cfg.aws_branch_eni_probe,
+                pod.name.clone(),
+                ips,
+            );
+            let _ = tokio::task::spawn_blocking(move || {
+                aws_eni::on_add(&runner, enabled, &name, &ips);
+            })
+            .await;
         }
         // e. annotation.
         if pod.redirection() != Some(ENABLED) {
@@ -260,11 +274,16 @@ impl<S: PodSource> Core<S> {
         let ips: Vec<IpAddr> = enrolled
             .get(&pod.uid)
             .map_or_else(|| pod.ips.clone(), |s| s.ips.clone());
-        for ip in ips {
+        for ip in ips.iter().copied() {
             let (probe, uid) = (self.probe_handle(), pod.uid.clone());
             blocking(move || probe.remove(ip, &uid).map(drop).map_err(|e| e.to_string()))
                 .await
                 .map_err(MeshError::ProbeSet)?;
+        }
+        {
+            let (runner, name) = (self.probe_runner(), pod.name.clone());
+            let _ =
+                tokio::task::spawn_blocking(move || aws_eni::on_remove(&runner, &name, &ips)).await;
         }
         if !is_delete && let Some(slot) = enrolled.get(&pod.uid) {
             let (inpod, runner) = (
