@@ -3,12 +3,17 @@
 //!
 //! - Half-close propagates both ways: EOF from the socket becomes END_STREAM; the peer's
 //!   END_STREAM becomes `shutdown()` (FIN) on the socket; the other direction keeps going.
-//! - Socket → tunnel reads into one reusable buffer and hands h2 zero-copy slices of it;
-//!   tunnel → socket writes h2's received chunks directly, without an intermediate copy.
-//! - The read buffer starts at 4 KiB (cheap for the many small, mostly idle connections),
-//!   grows to 16 KiB after 64 KiB and to 256 KiB when a flow proves to be bulk (1 MiB), so
-//!   large transfers move in big frames without per-chunk allocation.
+//! - Socket → tunnel reads into a *per-thread* read arena and hands h2 zero-copy slices of
+//!   it; tunnel → socket writes h2's received chunks directly, without an intermediate copy.
+//!   A connection owns no read buffer of its own: an idle connection (the common case: most
+//!   proxied connections sit idle most of the time) holds no data buffer at all, only the
+//!   chunks h2 has not sent yet.
+//! - Reads are sized by how much the flow has moved: up to 4 KiB at first (small reads for
+//!   chatty exchanges), 16 KiB after 64 KiB and 256 KiB when a flow proves to be bulk
+//!   (1 MiB), so large transfers move in big frames without per-chunk allocation. Each size
+//!   has its own arena, so small flows never pin a 256 KiB block.
 
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
@@ -112,11 +117,9 @@ where
 
 type SideResult = Result<(), (CopySide, io::Error)>;
 
-/// Socket → tunnel.
+/// Socket → tunnel. Holds no read buffer between polls (see [`Arenas`]).
 #[derive(Default)]
 struct Upstream {
-    /// Initialised, unused buffer space; reads land here and are split off zero-copy.
-    buf: BytesMut,
     /// Read from the socket, not yet accepted by h2 (waiting for send capacity).
     pending: Bytes,
     eof: bool,
@@ -148,41 +151,139 @@ impl Upstream {
                 self.done = true;
                 continue;
             }
-            self.refill();
-            let mut rb = ReadBuf::new(&mut self.buf[..]);
-            ready!(Pin::new(&mut *socket).poll_read(cx, &mut rb))
-                .map_err(|e| (CopySide::Socket, e))?;
-            let n = rb.filled().len();
-            if n == 0 {
-                self.eof = true;
-            } else {
-                self.total += n as u64;
-                self.pending = self.buf.split_to(n).freeze();
+            let tier = Tier::for_total(self.total);
+            match ready!(read_into_arena(tier, cx, socket)).map_err(|e| (CopySide::Socket, e))? {
+                None => self.eof = true,
+                Some(chunk) => {
+                    self.total += chunk.len() as u64;
+                    self.pending = chunk;
+                }
             }
         }
     }
+}
 
-    /// Makes sure a worthwhile amount of initialised space is available to read into.
-    /// Reserving reclaims the old allocation once h2 has dropped every chunk split from
-    /// it, so a steady flow reuses one buffer; zero-filling (`resize`) is the price of
-    /// staying in safe code and is paid once per byte of buffer, not per read.
-    fn refill(&mut self) {
-        // Most connections are small and then sit idle for a long time: a 4 KiB buffer keeps
-        // their memory low; flows that keep going earn bigger reads.
-        let target = if self.total >= BULK_THRESHOLD {
-            LARGE_BUF
-        } else if self.total >= CHATTY_THRESHOLD {
-            SMALL_BUF
+/// Read size class of a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Tiny = 0,
+    Small = 1,
+    Large = 2,
+}
+
+impl Tier {
+    fn for_total(total: u64) -> Self {
+        // Most connections are small and then sit idle for a long time: small reads keep
+        // the blocks their in-flight chunks pin small; flows that keep going earn bigger
+        // reads.
+        if total >= BULK_THRESHOLD {
+            Tier::Large
+        } else if total >= CHATTY_THRESHOLD {
+            Tier::Small
         } else {
-            TINY_BUF
-        };
-        if self.buf.len() >= target / 4 {
-            return;
+            Tier::Tiny
         }
-        self.buf.clear();
-        self.buf.reserve(target);
-        self.buf.resize(target, 0);
     }
+
+    fn block_size(self) -> usize {
+        match self {
+            Tier::Tiny => TINY_BUF,
+            Tier::Small => SMALL_BUF,
+            Tier::Large => LARGE_BUF,
+        }
+    }
+}
+
+/// The read arenas of one thread, one per [`Tier`].
+///
+/// Every copy running on the thread reads into the free tail of the arena of its tier and
+/// splits what it read off as a frozen [`Bytes`] (zero-copy, handed to h2); the rest of the
+/// block stays here for the next read, by any connection. The buffer is only borrowed for
+/// the duration of one `poll_read` call, so a connection waiting for data holds none, and a
+/// thread needs one block per tier however many connections it serves.
+///
+/// When the tail gets short, a new block is reserved: `BytesMut::reserve` reclaims the old
+/// block in place once h2 has dropped every chunk split from it (the common case for a
+/// steady flow), otherwise the old block is freed when its last chunk is. Zero-filling
+/// (`resize`) is the price of staying in safe code and is paid once per byte of block, not
+/// per read.
+struct Arenas {
+    blocks: [BytesMut; 3],
+}
+
+thread_local! {
+    static ARENAS: RefCell<Arenas> = RefCell::new(Arenas {
+        blocks: [BytesMut::new(), BytesMut::new(), BytesMut::new()],
+    });
+    /// Blocks (re)filled by this thread's arenas; see [`arena_refills`].
+    static REFILLS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Takes the current thread's block for `tier` out of the arena, with a worthwhile amount of
+/// initialised space in it. Taking (rather than borrowing) keeps the thread-local unborrowed
+/// while foreign code (`poll_read`) runs.
+fn take_block(tier: Tier) -> BytesMut {
+    let mut block = ARENAS
+        .try_with(|a| std::mem::take(&mut a.borrow_mut().blocks[tier as usize]))
+        .unwrap_or_default();
+    let target = tier.block_size();
+    if block.len() < target / 4 {
+        block.clear();
+        block.reserve(target);
+        block.resize(target, 0);
+        let _ = REFILLS.try_with(|r| r.set(r.get() + 1));
+    }
+    block
+}
+
+/// Puts a block back for the next read on this thread. If a nested read put one back in the
+/// meantime (no such caller today), the one with more space is kept.
+fn return_block(tier: Tier, block: BytesMut) {
+    let _ = ARENAS.try_with(|a| {
+        let slot = &mut a.borrow_mut().blocks[tier as usize];
+        if block.len() > slot.len() {
+            *slot = block;
+        }
+    });
+}
+
+/// Reads once from `socket` into the thread's arena for `tier`. `Some(chunk)` with at least
+/// one byte, `None` at EOF.
+fn read_into_arena<S>(
+    tier: Tier,
+    cx: &mut Context<'_>,
+    socket: &mut S,
+) -> Poll<io::Result<Option<Bytes>>>
+where
+    S: AsyncRead + Unpin + ?Sized,
+{
+    let mut block = take_block(tier);
+    let mut rb = ReadBuf::new(&mut block[..]);
+    let polled = Pin::new(&mut *socket).poll_read(cx, &mut rb);
+    let n = rb.filled().len();
+    let out = match polled {
+        Poll::Ready(Ok(())) if n == 0 => Poll::Ready(Ok(None)),
+        Poll::Ready(Ok(())) => Poll::Ready(Ok(Some(block.split_to(n).freeze()))),
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => Poll::Pending,
+    };
+    return_block(tier, block);
+    out
+}
+
+/// How many read blocks the current thread's arenas have filled so far: a new connection
+/// does not cost one; only the volume read on the thread does (one block per ~¾ block size
+/// read while earlier chunks are still in flight).
+pub fn arena_refills() -> u64 {
+    REFILLS.try_with(Cell::get).unwrap_or(0)
+}
+
+/// Bytes of free read space the current thread's arenas hold (at most one block per size
+/// class, whatever the number of connections).
+pub fn arena_free_bytes() -> usize {
+    ARENAS
+        .try_with(|a| a.borrow().blocks.iter().map(BytesMut::len).sum())
+        .unwrap_or(0)
 }
 
 /// Tunnel → socket.

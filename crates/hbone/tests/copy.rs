@@ -1,0 +1,170 @@
+//! `copy_bidirectional` across the read-size tiers, and what an idle copy holds.
+
+// Helpers outside #[test] fns are test code too; unwrapping there is fine.
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/harness.rs"]
+mod support;
+
+use std::time::Duration;
+
+use ambit_hbone::copy::{arena_free_bytes, arena_refills};
+use ambit_hbone::{
+    ConnectTarget, H2Stream, HboneClient, Responder, Transferred, copy_bidirectional,
+};
+use http::HeaderMap;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::sync::mpsc;
+
+fn target() -> ConnectTarget {
+    "10.0.0.1:80".parse().unwrap()
+}
+
+/// A server whose handler copies each tunnel to an echoing "application" with
+/// `copy_bidirectional` (what the inbound proxy does) and reports what it moved.
+async fn echo_client(moved: mpsc::UnboundedSender<Transferred>) -> HboneClient {
+    let mut served = serve(settings(), move |_req, responder: Responder| {
+        let moved = moved.clone();
+        async move {
+            let mut tunnel = responder.accept(HeaderMap::new()).unwrap();
+            let (mut upstream, app) = tokio::io::duplex(64 * 1024);
+            tokio::spawn(async move {
+                let (mut r, mut w) = tokio::io::split(app);
+                tokio::io::copy(&mut r, &mut w).await.unwrap();
+                w.shutdown().await.unwrap();
+            });
+            let t = copy_bidirectional(&mut upstream, &mut tunnel)
+                .await
+                .unwrap();
+            let _ = moved.send(t);
+        }
+    });
+    let io = std::mem::replace(&mut served.io, tokio::io::duplex(1).0);
+    let (client, driver) = HboneClient::handshake(io, &settings()).await.unwrap();
+    tokio::spawn(driver);
+    // Keep the server running for the whole test.
+    tokio::spawn(async move {
+        let _served = served;
+        std::future::pending::<()>().await
+    });
+    client
+}
+
+/// The client side of the proxy: an app socket copied into a fresh tunnel. Returns the app's
+/// end and the copy task.
+async fn proxied(
+    client: &HboneClient,
+) -> (
+    DuplexStream,
+    tokio::task::JoinHandle<Result<Transferred, ambit_hbone::CopyError>>,
+) {
+    let (_, mut tunnel): (_, H2Stream) = client
+        .send_connect(&target(), HeaderMap::new())
+        .await
+        .unwrap();
+    let (app, mut socket) = tokio::io::duplex(64 * 1024);
+    let copy = tokio::spawn(async move { copy_bidirectional(&mut socket, &mut tunnel).await });
+    (app, copy)
+}
+
+fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_size_crosses_intact_with_half_close_and_counts() {
+    // Around each block size and growth threshold (4 KiB, 16 KiB, 64 KiB, 256 KiB, 1 MiB),
+    // and well into the bulk tier.
+    const SIZES: &[usize] = &[
+        0,
+        1,
+        2,
+        1023,
+        1024,
+        4095,
+        4096,
+        4097,
+        16 * 1024 - 1,
+        16 * 1024 + 1,
+        64 * 1024 - 1,
+        64 * 1024,
+        64 * 1024 + 1,
+        256 * 1024 + 3,
+        (1 << 20) - 1,
+        1 << 20,
+        (1 << 20) + 1,
+        3 * (1 << 20) + 12_345,
+    ];
+    let (moved_tx, mut moved_rx) = mpsc::unbounded_channel();
+    let client = echo_client(moved_tx).await;
+    for (i, &size) in SIZES.iter().enumerate() {
+        let (app, copy) = proxied(&client).await;
+        let (mut r, mut w) = tokio::io::split(app);
+        let data = pattern(size, i);
+        let sent = data.clone();
+        // Written in uneven pieces so reads see every alignment.
+        let writer = tokio::spawn(async move {
+            for piece in sent.chunks(7_919) {
+                w.write_all(piece).await.unwrap();
+            }
+            w.shutdown().await.unwrap(); // FIN → END_STREAM → app EOF → echo's FIN back
+        });
+        let mut got = Vec::with_capacity(size);
+        let read = tokio::time::timeout(Duration::from_secs(20), r.read_to_end(&mut got)).await;
+        read.expect("echo ended").unwrap();
+        writer.await.unwrap();
+        assert!(got == data, "size {size}: echoed bytes differ");
+        let client_side = copy.await.unwrap().unwrap();
+        let server_side = moved_rx.recv().await.unwrap();
+        let n = size as u64;
+        assert_eq!(
+            (client_side.to_tunnel, client_side.from_tunnel),
+            (n, n),
+            "size {size}: client-side counters"
+        );
+        assert_eq!(
+            (server_side.to_tunnel, server_side.from_tunnel),
+            (n, n),
+            "size {size}: server-side counters"
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn idle_copies_share_one_read_block_per_thread() {
+    // Everything runs on this thread, so every copy (client and server side) reads
+    // through this thread's arenas.
+    const CONNS: usize = 150;
+    let (moved_tx, _moved_rx) = mpsc::unbounded_channel();
+    let client = echo_client(moved_tx).await;
+    let before = arena_refills();
+    let mut open = Vec::new();
+    for i in 0..CONNS {
+        let (mut app, copy) = proxied(&client).await;
+        app.write_all(&[i as u8]).await.unwrap();
+        let mut b = [0u8; 1];
+        app.read_exact(&mut b).await.unwrap();
+        assert_eq!(b[0], i as u8);
+        open.push((app, copy));
+    }
+    // 300 one-byte reads (both proxy sides of 150 connections) on one thread: one 4 KiB
+    // block, where a buffer per connection would have cost 300 of them.
+    assert_eq!(arena_refills() - before, 1);
+    assert!(arena_free_bytes() <= 4096, "{}", arena_free_bytes());
+    // The connections are idle, not finished: each still echoes.
+    for (i, (app, copy)) in open.iter_mut().enumerate() {
+        assert!(!copy.is_finished());
+        app.write_all(&[i as u8 ^ 0xff]).await.unwrap();
+        let mut b = [0u8; 1];
+        app.read_exact(&mut b).await.unwrap();
+        assert_eq!(b[0], i as u8 ^ 0xff);
+    }
+    for (app, copy) in open {
+        drop(app);
+        let t = copy.await.unwrap().unwrap();
+        assert_eq!((t.to_tunnel, t.from_tunnel), (2, 2));
+    }
+}
