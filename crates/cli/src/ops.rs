@@ -83,6 +83,7 @@ pub fn apply(args: ApplyArgs, op: ambit_mesh::api::Op) -> ExitCode {
         op,
         file: if name == "-" { "<stdin>".into() } else { name },
         text,
+        node: None,
     };
     match ambit_mesh::api::request(&run, &req) {
         Ok(resp) => {
@@ -254,6 +255,39 @@ pub fn restart(args: RestartArgs) -> ExitCode {
         RestartComponent::Ztunnel => Component::Ztunnel,
         RestartComponent::Agent => Component::Agent,
     };
+    if component == Component::Ztunnel {
+        // The orchestrator replaces it with an overlap (it owns the namespaces).
+        let req = ambit_mesh::api::Request {
+            op: ambit_mesh::api::Op::RestartZtunnel,
+            file: String::new(),
+            text: String::new(),
+            node: Some(args.node.clone()),
+        };
+        match ambit_mesh::api::request(&run, &req) {
+            Ok(resp) => {
+                for line in &resp.lines {
+                    say(line);
+                }
+                if resp.ok {
+                    return ExitCode::SUCCESS;
+                }
+                eprintln!(
+                    "ambit restart: {}",
+                    resp.error.as_deref().unwrap_or("refused")
+                );
+                return ExitCode::FAILURE;
+            }
+            Err(ambit_mesh::api::ApiError::Connect { .. }) => {
+                say(
+                    "no orchestrator answers: stopping the old ztunnel before starting the new one",
+                );
+            }
+            Err(e) => {
+                eprintln!("ambit restart: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     match ambit_mesh::restart::restart(
         &run,
         component,

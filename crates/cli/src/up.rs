@@ -311,6 +311,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
             let mut rows = vec![[
                 "NODE".to_string(),
                 "IP".into(),
+                "ZTUNNEL IP".into(),
                 "AGENT READY".into(),
                 "ZTUNNEL READY".into(),
                 "CERTIFICATES (expiry)".into(),
@@ -330,6 +331,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                 rows.push([
                     n.name.clone(),
                     n.ip.to_string(),
+                    n.ztunnel_ip.map_or("-".into(), |ip| ip.to_string()),
                     yes(n.agent.ready),
                     yes(n.ztunnel.ready),
                     if certs.is_empty() {

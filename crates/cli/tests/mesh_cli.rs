@@ -25,6 +25,11 @@ fn ambit(run: &Path, args: &[&str]) -> Output {
         .expect("run ambit")
 }
 
+fn up_state(run: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(run.join("state.json")).expect("state.json"))
+        .expect("state json")
+}
+
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -229,10 +234,42 @@ fn logs_ztunnel_config_restart() {
             .success()
     );
 
-    // restart ztunnel on the server's node; traffic keeps working through the new one.
+    // restart ztunnel on the server's node with an overlap, while the client opens
+    // connections back to back: none fails, and traffic keeps working through the new one.
     let old = ztunnel_pids(&run, "node2");
+    let stop = tmp.path().join("stop");
+    let script = "import os, sys, socket\nok = fail = 0\nwhile not os.path.exists(sys.argv[2]) and ok + fail < 20000:\n    try:\n        s = socket.create_connection((sys.argv[1], 8080), timeout=5)\n        s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n        ok += s.recv(12).startswith(b'HTTP/1.0 200')\n        s.close()\n    except OSError as e:\n        fail += 1\n        print('error', e, flush=True)\nprint('ok', ok, 'fail', fail)";
+    let server_ip = up_state(&run)["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "server")
+        .map(|p| p["ip"].as_str().unwrap().to_owned())
+        .unwrap();
+    let load = Command::new(AMBIT)
+        .args(["exec", "--run-dir"])
+        .arg(&run)
+        .args(["client", "--", "python3", "-c", script, &server_ip])
+        .arg(&stop)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let out = ambit(&run, &["restart", "ztunnel", "node2"]);
+    std::fs::write(&stop, b"").unwrap();
+    let load = load.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
+    assert!(stdout(&out).contains("overlapping hand-off"), "{out:?}");
+    let summary = stdout(&load);
+    eprintln!("during the hand-off: {summary}");
+    assert!(
+        summary.contains(" fail 0"),
+        "connections failed during the hand-off: {summary}"
+    );
+    assert!(
+        !summary.contains("ok 0 "),
+        "no connection during the hand-off: {summary}"
+    );
+    assert_eq!(up_state(&run)["nodes"][1]["ztunnel"]["generation"], 2);
     let pids = ztunnel_pids(&run, "node2");
     let new = *pids.last().unwrap();
     assert!(!old.contains(&new), "{old:?} {pids:?}");

@@ -2,13 +2,17 @@
 //! command and environment, in the node namespace, and recorded in `state.json` (the
 //! orchestrator and `down` stop it like the original).
 //!
-//! Order: the old process is stopped (SIGTERM: a ztunnel drains, an agent keeps its pods'
-//! rules), then the new one is started and waited for until ready. Starting the new one
-//! first — upstream's overlapping hand-off — is not possible here: both would run in the
-//! node namespace and the second could not bind the admin, stats and readiness ports
-//! (15000/15020/15021) or the agent's health port, and the topology cannot add a namespace
-//! to a running mesh. The in-pod side of the hand-off (listeners re-created by the new
-//! ztunnel from the agent's snapshot) is exercised all the same.
+//! A ztunnel is replaced as a DaemonSet rolling update replaces upstream's ztunnel pod, with
+//! an overlap ([`Mesh::restart_ztunnel`], run by the orchestrator on `ambit restart ztunnel`):
+//! the new ztunnel starts in a new ztunnel pod namespace on the node, connects to the agent
+//! (which sends it every pod: its listeners bind beside the old ones with SO_REUSEPORT) and
+//! becomes ready; only then is the old one sent SIGTERM (it drains, its queued connections
+//! move to the new listeners) and its namespace removed.
+//!
+//! The agent runs in the node namespace (host network, as upstream), so its restart is
+//! stop-then-start ([`restart`]): the old agent is stopped (SIGTERM: it keeps its pods'
+//! rules), the new one started and waited for until ready. This path also restarts a
+//! ztunnel when no orchestrator runs.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -16,8 +20,8 @@ use std::time::{Duration, Instant};
 use ambit_netns::{NetnsFd, set_command_netns};
 
 use crate::process::{self, ProcessError};
-use crate::state::{Role, RunDir, StateError};
-use crate::up::ZTUNNEL_READY_PORT;
+use crate::state::{Role, RunDir, StateError, ZtunnelPod};
+use crate::up::{Mesh, UpError, ZTUNNEL_READY_PORT, ztunnel_pod_name};
 
 /// Which node component.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +41,8 @@ pub enum RestartError {
     Netns(#[from] ambit_netns::NetnsError),
     #[error("no mesh in {0}")]
     NoMesh(std::path::PathBuf),
+    #[error("ztunnel pod namespace: {0}")]
+    Topology(String),
     #[error("no node {node:?}; known: {known}")]
     UnknownNode { node: String, known: String },
     #[error("no {role} recorded (or its command line is not: started by an older ambit)")]
@@ -113,13 +119,16 @@ pub fn restart(
     if !left.is_empty() {
         return Err(RestartError::Stuck { role, pid: old.pid });
     }
+    let netns = match component {
+        Component::Ztunnel => n.ztunnel_netns().to_path_buf(),
+        Component::Agent => n.netns.clone(),
+    };
     let mut cmd = spec.command();
-    set_command_netns(&mut cmd, &NetnsFd::open(&n.netns)?)?;
+    set_command_netns(&mut cmd, &NetnsFd::open(&netns)?)?;
     let (mut child, record) = process::spawn(cmd, role.clone(), &log)?;
     let new_pid = record.pid;
     state.processes.push(record);
     run.save(&state)?;
-    let netns = n.netns.clone();
     let ready = || match component {
         Component::Ztunnel => crate::probe::ok(
             &netns,
@@ -150,5 +159,134 @@ pub fn restart(
             });
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Mesh {
+    /// Replaces `node`'s ztunnel with an overlap (see the module documentation); the new
+    /// one is ready before the old one is told to stop.
+    pub fn restart_ztunnel(&mut self, node: &str) -> Result<Restarted, RestartError> {
+        let known = || {
+            self.state
+                .nodes
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let Some(ni) = self.state.nodes.iter().position(|n| n.name == node) else {
+            return Err(RestartError::UnknownNode {
+                node: node.to_owned(),
+                known: known(),
+            });
+        };
+        let role = Role::Ztunnel {
+            node: node.to_owned(),
+        };
+        let old = self
+            .state
+            .processes
+            .iter()
+            .rev()
+            .find(|p| p.role == role && p.command.is_some())
+            .cloned()
+            .ok_or_else(|| RestartError::NotRecorded { role: role.clone() })?;
+        let (Some(spec), Some(log)) = (old.command.clone(), old.log.clone()) else {
+            return Err(RestartError::NotRecorded { role });
+        };
+        let old_pod = self.state.nodes[ni].ztunnel.clone();
+        let generation = old_pod.as_ref().map_or(1, |z| z.generation) + 1;
+        let name = ztunnel_pod_name(node, generation);
+        let topo = self
+            .topology
+            .as_mut()
+            .ok_or(RestartError::NoMesh(self.run.root().to_path_buf()))?;
+        let pod = topo
+            .add_pod(node, &name)
+            .map_err(|e| RestartError::Topology(e.to_string()))?;
+        let new_pod = ZtunnelPod {
+            name: name.clone(),
+            netns: pod.netns_path(),
+            ip: pod.ip(),
+            generation,
+        };
+        let mut cmd = spec.command();
+        set_command_netns(&mut cmd, &NetnsFd::open(&new_pod.netns)?)?;
+        // Appends to the same log, as a restarted container's log continues.
+        let (mut child, record) = process::spawn(cmd, role.clone(), &log)?;
+        let new_pid = record.pid;
+        let new_record = record.clone();
+        self.state.processes.push(record);
+        self.run.save(&self.state)?;
+        let timeout = self.cfg.timeout;
+        let deadline = Instant::now() + timeout;
+        let log_text = log.display().to_string();
+        let ready = SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_READY_PORT));
+        loop {
+            if crate::probe::ok(&new_pod.netns, ready, "/healthz/ready") {
+                break;
+            }
+            let failed = if let Ok(Some(status)) = child.try_wait() {
+                Some(RestartError::Exited {
+                    role: role.clone(),
+                    status,
+                    log: log_text.clone(),
+                })
+            } else if Instant::now() >= deadline {
+                Some(RestartError::NotReady {
+                    role: role.clone(),
+                    pid: new_pid,
+                    timeout,
+                    log: log_text.clone(),
+                })
+            } else {
+                None
+            };
+            if let Some(e) = failed {
+                // The old ztunnel keeps serving; remove the new one's traces.
+                let _ = child.kill();
+                let _ = child.wait();
+                self.state.processes.retain(|p| p != &new_record);
+                if let Some(t) = self.topology.as_mut() {
+                    let _ = t.remove_pod(&name);
+                }
+                self.run.save(&self.state)?;
+                return Err(e);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.children.push((new_record, child));
+        self.state.nodes[ni].ztunnel = Some(new_pod);
+        self.run.save(&self.state)?;
+        // Now the old one: SIGTERM, it drains (bounded by its own drain deadline).
+        let old_pid = process::is_alive(&old).then_some(old.pid);
+        let children = &mut self.children;
+        let left = process::stop_all(std::slice::from_ref(&old), Duration::from_secs(10), || {
+            for (_, c) in children.iter_mut() {
+                let _ = c.try_wait();
+            }
+        });
+        self.children.retain(|(r, _)| r != &old);
+        self.state.processes.retain(|p| p != &old);
+        if let (Some(old_pod), Some(t)) = (old_pod, self.topology.as_mut())
+            && let Err(e) = t.remove_pod(&old_pod.name)
+        {
+            tracing::warn!(pod = %old_pod.name, error = %e, "removing the old ztunnel pod");
+        }
+        self.run.save(&self.state)?;
+        if !left.is_empty() {
+            return Err(RestartError::Stuck { role, pid: old.pid });
+        }
+        Ok(Restarted {
+            role,
+            old_pid,
+            new_pid,
+        })
+    }
+}
+
+impl From<UpError> for RestartError {
+    fn from(e: UpError) -> Self {
+        RestartError::Topology(e.to_string())
     }
 }

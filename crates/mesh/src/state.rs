@@ -219,6 +219,28 @@ pub struct NodeState {
     /// Agent health (`/healthz`, `/readyz`) inside the node netns.
     pub agent_health: SocketAddr,
     pub agent_metrics: SocketAddr,
+    /// The node's ztunnel runs in a pod of its own (as upstream's DaemonSet pod): its
+    /// namespace and address. Absent in runs of older versions: the node namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ztunnel: Option<ZtunnelPod>,
+}
+
+/// The namespace a node's ztunnel runs in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZtunnelPod {
+    /// Topology name (`ztunnel-NODE-GENERATION`).
+    pub name: String,
+    pub netns: PathBuf,
+    pub ip: Ipv4Addr,
+    /// Incremented by each `ambit restart ztunnel`.
+    pub generation: u32,
+}
+
+impl NodeState {
+    /// Where the ztunnel's admin, stats and readiness ports are.
+    pub fn ztunnel_netns(&self) -> &Path {
+        self.ztunnel.as_ref().map_or(&self.netns, |z| &z.netns)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -32,6 +32,8 @@ pub struct ControlStatus {
 pub struct NodeStatus {
     pub name: String,
     pub ip: Ipv4Addr,
+    /// The ztunnel pod's address (metrics on :15020, readiness on :15021).
+    pub ztunnel_ip: Option<Ipv4Addr>,
     pub agent: Component,
     pub ztunnel: Component,
     pub certificates: Vec<Certificate>,
@@ -96,13 +98,13 @@ fn collect(state: &MeshState) -> Status {
                     },
                 ),
                 ready: crate::probe::ok(
-                    &n.netns,
+                    n.ztunnel_netns(),
                     SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_READY_PORT)),
                     "/healthz/ready",
                 ),
             };
             let certificates = crate::probe::http_get(
-                &n.netns,
+                n.ztunnel_netns(),
                 SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_ADMIN_PORT)),
                 "/config_dump",
             )
@@ -113,6 +115,7 @@ fn collect(state: &MeshState) -> Status {
             NodeStatus {
                 name: n.name.clone(),
                 ip: n.ip,
+                ztunnel_ip: n.ztunnel.as_ref().map(|z| z.ip),
                 agent,
                 ztunnel,
                 certificates,

@@ -29,7 +29,8 @@ use serde_json::json;
 use crate::manifests::{ManifestError, Manifests, PodStatus};
 use crate::process::{self, ProcessError};
 use crate::state::{
-    MeshState, NodeState, Phase, PodState, ProcessRecord, Role, RunDir, StateError, write_atomic,
+    MeshState, NodeState, Phase, PodState, ProcessRecord, Role, RunDir, StateError, ZtunnelPod,
+    write_atomic,
 };
 
 /// The control plane's gRPC port (CA + xDS), as istiod's.
@@ -242,6 +243,10 @@ impl Mesh {
         for p in self.manifests.pods() {
             b = b.pod(p.node.clone(), p.topology_name.clone());
         }
+        // After the user's pods, so their addresses do not depend on the ztunnel pods.
+        for n in &nodes {
+            b = b.pod(n.clone(), ztunnel_pod_name(n, 1));
+        }
         let topo = b.build()?;
         for n in topo.nodes() {
             let dir = self.run.node(n.name());
@@ -255,6 +260,14 @@ impl Mesh {
                 agent_run_dir: dir.join("cni"),
                 agent_health: SocketAddr::from(([127, 0, 0, 1], AGENT_HEALTH_PORT)),
                 agent_metrics: SocketAddr::from(([127, 0, 0, 1], AGENT_METRICS_PORT)),
+                ztunnel: topo
+                    .get_pod(&ztunnel_pod_name(n.name(), 1))
+                    .map(|z| ZtunnelPod {
+                        name: z.name().to_owned(),
+                        netns: z.netns_path(),
+                        ip: z.ip(),
+                        generation: 1,
+                    }),
             });
         }
         for plan in self.manifests.pods() {
@@ -381,7 +394,7 @@ impl Mesh {
                 &format!("cni-agent-{}.log", node.name),
             )?;
             let address = format!("https://{control_addr}");
-            let mut cmd = self.role_command(&node.netns)?;
+            let mut cmd = self.role_command(node.ztunnel_netns())?;
             cmd.arg("ztunnel")
                 .env("PROXY_MODE", "shared")
                 .env("INPOD_UDS", &node.zds_socket)
@@ -410,6 +423,7 @@ impl Mesh {
         }
         for node in self.state.nodes.clone() {
             let netns = node.netns.clone();
+            let ztunnel_netns = node.ztunnel_netns().to_path_buf();
             self.wait_for(
                 &format!("cni-agent on {}", node.name),
                 &Role::Agent {
@@ -423,7 +437,7 @@ impl Mesh {
                 &Role::Ztunnel {
                     node: node.name.clone(),
                 },
-                || crate::probe::ok(&netns, ready, "/healthz/ready"),
+                || crate::probe::ok(&ztunnel_netns, ready, "/healthz/ready"),
             )?;
             progress(&format!("node {} ready", node.name));
         }
@@ -731,6 +745,11 @@ impl Drop for Mesh {
             tracing::warn!(error = %e, "mesh teardown incomplete");
         }
     }
+}
+
+/// The topology name of a node's ztunnel pod (no `.`: never a user pod's `name.namespace`).
+pub(crate) fn ztunnel_pod_name(node: &str, generation: u32) -> String {
+    format!("ztunnel-{node}-{generation}")
 }
 
 fn bool_str(b: bool) -> &'static str {

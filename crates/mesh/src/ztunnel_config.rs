@@ -76,7 +76,7 @@ pub fn dumps(run: &RunDir, node: Option<&str>) -> Result<Vec<(String, Value)>, C
                 node: n.name.clone(),
                 why,
             };
-            let (code, body) = crate::probe::http_get(&n.netns, admin, "/config_dump")
+            let (code, body) = crate::probe::http_get(n.ztunnel_netns(), admin, "/config_dump")
                 .ok_or_else(|| fail(format!("admin port {admin} unreachable")))?;
             if code != 200 {
                 return Err(fail(format!("/config_dump answered {code}")));
