@@ -43,17 +43,16 @@
 //!   `AMBIT_HOST_NETNS` choose where netns paths and the host netns are (see [`config`]).
 //! - **Probe set at startup** is resynced, never flushed: running pods' probes keep being
 //!   SNATed through an agent restart (see `agent/restart.rs`).
-//! - **Shutdown decision** without an API server: [`shutdown::UninstallCheck`]
-//!   (default upgrade, `AMBIENT_DISABLE_SAFE_UPGRADE` uninstall, a DaemonSet-lookup hook).
+//! - **Shutdown decision**: [`shutdown::UninstallCheck`]; with the Kubernetes pod source
+//!   upstream's DaemonSet lookup ([`pods::kube_daemonset`]); without an API server upgrade
+//!   by default, `AMBIENT_DISABLE_SAFE_UPGRADE` uninstall.
 //! - **Installer** (see [`installer`]): polls every `AMBIT_INSTALL_CHECK_INTERVAL` (1 s)
 //!   instead of inotify; steps with no configured directory are skipped (bin dir and conf
 //!   dir default to `AMBIT_HOST_PREFIX` + upstream's paths, none without a prefix); the
 //!   kubeconfig is only written inside a pod (`KUBERNETES_SERVICE_HOST`), because ambit's
 //!   plugin never reads it; `AMBIENT_ENABLED` defaults to true; no
 //!   `istio_cni_installs_total` counter yet.
-//! - **Not implemented yet:** the Kubernetes pod source and DaemonSet lookup, AWS
-//!   branch-ENI rules, cri-o `crio-<id>` cgroups outside a pod slice, the plugin's rolling
-//!   log file.
+//! - **Not implemented yet:** the plugin's rolling log file.
 
 pub mod agent;
 pub mod config;

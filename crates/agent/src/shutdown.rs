@@ -4,14 +4,15 @@
 //! reboot: leave everything in place so enrolled pods stay captured and probes keep
 //! working, new ambient pods just stall until the replacement is up) or removed for good
 //! (full cleanup, so new pods are not stuck behind a plugin whose agent never returns).
-//! Upstream asks the API server about its DaemonSet; we have no API client in this crate,
-//! so the decision is an [`UninstallCheck`]:
+//! Upstream asks the API server about its DaemonSet; here the decision is an
+//! [`UninstallCheck`]:
 //!
 //! - [`AlwaysUpgrade`] (default): keep the CNI config entry, plugin binary, kubeconfig,
 //!   host rules and probe set; only sockets close.
 //! - [`DisableSafeUpgrade`] (`AMBIENT_DISABLE_SAFE_UPGRADE=true`): always clean up.
-//! - [`DaemonSetCheck`]: upstream's rule over a [`DaemonSetLookup`], the hook for a
-//!   Kubernetes-backed implementation (DaemonSet present, not deleting, affinity matching
+//! - [`DaemonSetCheck`]: upstream's rule over a [`DaemonSetLookup`], implemented against
+//!   the API server by [`crate::pods::kube_daemonset::KubeDaemonSetLookup`] (what
+//!   `ambit cni-agent` uses with the Kubernetes pod source) (DaemonSet present, not deleting, affinity matching
 //!   → upgrade; NotFound / deleting / Unauthorized / affinity mismatch → uninstall; lookup
 //!   errors retried, undetermined → upgrade, the safe side).
 //!
@@ -21,8 +22,8 @@
 //! installer was configured with, see [`crate::installer::uninstall`]), delete host rules,
 //! destroy the probe set, remove our socket files. The installer has stopped by then, so
 //! it cannot put anything back. Never done, on either path: deleting in-pod rules of
-//! running pods (they stay captured until un-enrolled by a running agent). Not implemented
-//! yet: AWS branch-ENI rules.
+//! running pods (they stay captured until un-enrolled by a running agent). AWS branch-ENI
+//! host rules this process added are removed too ([`crate::agent::aws_eni::remove_all`]).
 
 use std::fmt;
 use std::future::Future;
@@ -195,6 +196,9 @@ impl Cleanup {
         errors.extend(failed.into_iter().map(CleanupError::from));
         if let Err(e) = self.host_rules.delete(&self.host_runner) {
             errors.push(e.into());
+        }
+        for e in crate::agent::aws_eni::remove_all(&self.host_runner) {
+            tracing::warn!(error = %e, "branch-ENI rule not removed");
         }
         let probe = ProbeSet::new(self.host_runner.clone(), self.backend, self.ipv6);
         if let Err(e) = probe.destroy() {

@@ -228,8 +228,11 @@ pub fn main(args: Args) -> ExitCode {
         }
     };
     tracing::info!(config = ?cfg, "running CNI agent");
+    let Some(dir) = &args.pods else {
+        return run_kubernetes(cfg, &env);
+    };
     let source = LocalPodSource::new();
-    if let Some(dir) = &args.pods {
+    {
         let first = read_dir_texts(dir).and_then(|t| snapshot(&t, &cfg.node_name));
         let first = match first {
             Ok(s) => s,
@@ -252,18 +255,55 @@ pub fn main(args: Args) -> ExitCode {
         inner: source,
         status_dir: args.pod_status.clone(),
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    exit(rt.block_on(ambit_agent::run_agent(cfg, source)))
+}
+
+/// Pods from the Kubernetes API (in-cluster or KUBECONFIG); the upgrade/uninstall decision
+/// at shutdown asks about the agent's DaemonSet, as upstream.
+fn run_kubernetes(cfg: ambit_agent::AgentConfig, env: &[(String, String)]) -> ExitCode {
+    use ambit_agent::pods::kube_daemonset::{KubeDaemonSetLookup, daemonset_check};
+    let source = match ambit_agent::pods::kube::from_environment(env, &cfg.node_name) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("Kubernetes pod source: {e} (or give --pods DIR)");
+            return ExitCode::from(2);
+        }
+    };
+    let owned = matches!(
+        cfg.install.mode,
+        ambit_agent::plugin::install::ConfMode::IstioOwned { .. }
+    );
+    let lookup = KubeDaemonSetLookup::new(
+        source.client().clone(),
+        cfg.pod_namespace.clone(),
+        cfg.node_name.clone(),
+    );
+    let check = daemonset_check(lookup, cfg.disable_safe_upgrade, owned);
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    exit(rt.block_on(ambit_agent::run_agent_with(cfg, source, check.as_ref())))
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(rt) => Some(rt),
         Err(e) => {
             eprintln!("runtime: {e}");
-            return ExitCode::FAILURE;
+            None
         }
-    };
-    match rt.block_on(ambit_agent::run_agent(cfg, source)) {
+    }
+}
+
+fn exit(result: Result<(), ambit_agent::AgentError>) -> ExitCode {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agent failed: {e}");
