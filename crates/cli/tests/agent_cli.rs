@@ -11,7 +11,8 @@ fn without_pods_dir_or_api_config_the_agent_refuses_to_start() {
     let home = tempfile::tempdir().expect("tempdir");
     let missing = home.path().join("nope.kubeconfig");
     // (case, extra environment, what the error must say)
-    let cases: [(&str, Vec<(&str, &str)>, &str); 2] = [
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: [Case; 2] = [
         ("nothing configured", vec![], "Kubernetes pod source"),
         (
             "KUBECONFIG names no file",
