@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use crate::config::AgentConfig;
-use crate::installer::{EntryInputs, Installer, plugin_entry};
+use crate::installer::{EntryInputs, Installer, InstallerError, plugin_entry};
 use crate::plugin::PLUGIN_SOCKET;
 use crate::plugin_log::{LOG_SOCKET, LogServer, PluginLogError};
 use crate::pods::{Cache, Pod, PodEvent, PodSource};
@@ -39,7 +39,7 @@ use crate::shutdown::{Cleanup, ShutdownError, ShutdownKind, UninstallCheck, chec
 use crate::zds::{ZdsError, ZdsServer};
 pub use mesh::MeshError;
 use mesh::Slot;
-use metrics::Metrics;
+use metrics::{Metrics, ResultLabel};
 pub use restart::RestartReport;
 use runner::{FdRunner, HostRunner};
 
@@ -546,6 +546,12 @@ async fn install_pass<S: PodSource>(
                     "CNI install in place; watching for changes"
                 );
             }
+            if !pass.repaired.is_empty() {
+                core.metrics
+                    .installs
+                    .get_or_create(&ResultLabel { result: "SUCCESS" })
+                    .inc();
+            }
             *last_error = None;
             core.set_install_ready(true);
         }
@@ -553,6 +559,18 @@ async fn install_pass<S: PodSource>(
             core.set_install_ready(false);
             let text = e.to_string();
             if last_error.as_deref() != Some(text.as_str()) {
+                let result = match &e {
+                    _ if e.is_waiting() => None,
+                    InstallerError::CopyBinary { .. } => Some("COPY_BINARIES_FAILURE"),
+                    InstallerError::Kubeconfig { .. } => Some("CREATE_KUBECONFIG_FAILURE"),
+                    InstallerError::CniConfig(_) => Some("CREATE_CNI_CONFIG_FAILURE"),
+                };
+                if let Some(result) = result {
+                    core.metrics
+                        .installs
+                        .get_or_create(&ResultLabel { result })
+                        .inc();
+                }
                 if e.is_waiting() {
                     tracing::info!(error = %e, "waiting for the primary CNI config");
                 } else {

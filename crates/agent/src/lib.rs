@@ -50,8 +50,9 @@
 //!   instead of inotify; steps with no configured directory are skipped (bin dir and conf
 //!   dir default to `AMBIT_HOST_PREFIX` + upstream's paths, none without a prefix); the
 //!   kubeconfig is only written inside a pod (`KUBERNETES_SERVICE_HOST`), because ambit's
-//!   plugin never reads it; `AMBIENT_ENABLED` defaults to true; no
-//!   `istio_cni_installs_total` counter yet.
+//!   plugin never reads it; `AMBIENT_ENABLED` defaults to true;
+//!   `istio_cni_installs_total` counts passes that (re)installed something and failure
+//!   episodes (a failure repeating every pass counts once).
 //! - **Not implemented yet:** the plugin's rolling log file.
 
 pub mod agent;

@@ -665,6 +665,16 @@ async fn agent_ready_only_when_installed_and_uninstall_removes_it() {
         })
         .await;
         eventually("ready again", || ready(agent.health_addr)).await;
+        // Two installs (first one, re-insertion), no failure episode (waiting is not one).
+        let installs = |result: &'static str| {
+            agent
+                .metrics
+                .installs
+                .get_or_create(&ambit_agent::agent::metrics::ResultLabel { result })
+                .get()
+        };
+        assert_eq!(installs("SUCCESS"), 2);
+        assert_eq!(installs("CREATE_CNI_CONFIG_FAILURE"), 0);
 
         let kind = agent.shutdown_with(check.as_ref()).await.unwrap();
         assert_eq!(

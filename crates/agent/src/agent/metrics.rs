@@ -21,11 +21,21 @@ pub struct TypeLabel {
     pub r#type: String,
 }
 
+/// `result` label of `istio_cni_installs_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// SUCCESS, COPY_BINARIES_FAILURE, CREATE_KUBECONFIG_FAILURE, CREATE_CNI_CONFIG_FAILURE.
+    pub result: &'static str,
+}
+
 /// Every metric the agent exports.
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// `istio_cni_install_ready`.
     pub install_ready: Gauge,
+    /// `istio_cni_installs_total{result}`: installer passes that (re)installed something
+    /// (SUCCESS), and failure episodes by kind (a failure repeating every pass counts once).
+    pub installs: Family<ResultLabel, Counter>,
     /// `istio_cni_plugin_requests_total{response_code}`.
     pub plugin_requests: Family<CodeLabel, Counter>,
     /// `nodeagent_reconcile_events_total{type}`.
@@ -50,6 +60,11 @@ impl Metrics {
             "istio_cni_install_ready",
             "Whether the CNI install is ready",
             m.install_ready.clone(),
+        );
+        r.register(
+            "istio_cni_installs",
+            "CNI installs by result",
+            m.installs.clone(),
         );
         r.register(
             "istio_cni_plugin_requests",
