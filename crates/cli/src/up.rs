@@ -350,6 +350,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                 "IP".into(),
                 "AMBIENT".into(),
                 "ENROLLED".into(),
+                "REDIRECTION".into(),
                 "RUNNING".into(),
             ]];
             for p in &st.pods {
@@ -360,6 +361,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                     p.ip.to_string(),
                     yes(p.ambient),
                     yes(p.enrolled),
+                    p.redirection.clone().unwrap_or_else(|| "-".into()),
                     yes(p.running),
                 ]);
             }

@@ -263,6 +263,13 @@ fn up_status_exec_down() {
         ("outsider", false),
     ] {
         assert_eq!(pod(name)["enrolled"], enrolled, "{name}");
+        // The agent's own record (its annotation) agrees.
+        let redirection = if enrolled {
+            "enabled".into()
+        } else {
+            serde_json::Value::Null
+        };
+        assert_eq!(pod(name)["redirection"], redirection, "{name}");
         assert_eq!(pod(name)["running"], true, "{name}");
     }
     let server_ip = pod("server")["ip"].as_str().unwrap().to_owned();
@@ -544,6 +551,11 @@ fn apply_and_delete_on_a_running_mesh() {
         assert!(out.status.success(), "{label}: {out:?}\n{}", logs(&run));
         let pod = pod_status(&run, "newcomer").unwrap();
         assert_eq!(pod["enrolled"], enrolled, "{label}: {pod}");
+        assert_eq!(
+            pod["redirection"].as_str() == Some("enabled"),
+            enrolled,
+            "{pod}"
+        );
         eventually_get(&run, "outsider", &newcomer, !enrolled);
         eventually_get(&run, "client", &newcomer, true);
     }

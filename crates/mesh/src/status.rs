@@ -61,12 +61,16 @@ pub struct PodStatus {
     pub ip: Ipv4Addr,
     pub ambient: bool,
     pub enrolled: bool,
+    /// What the node's agent last wrote as the pod's `ambient.istio.io/redirection`
+    /// annotation (`enabled`, `pending`), `None` when absent: the agent's own view, which
+    /// `enrolled` (the orchestrator's) follows.
+    pub redirection: Option<String>,
     pub running: bool,
 }
 
 /// The status of the mesh in `run`; `None` when nothing is recorded there.
 pub fn status(run: &RunDir) -> Result<Option<Status>, StateError> {
-    Ok(run.load()?.map(|s| collect(&s)))
+    Ok(run.load()?.map(|s| collect(run, &s)))
 }
 
 fn running(state: &MeshState, role: &Role) -> bool {
@@ -76,7 +80,7 @@ fn running(state: &MeshState, role: &Role) -> bool {
         .any(|p| &p.role == role && process::is_alive(p))
 }
 
-fn collect(state: &MeshState) -> Status {
+fn collect(run: &RunDir, state: &MeshState) -> Status {
     let nodes = state
         .nodes
         .iter()
@@ -132,6 +136,12 @@ fn collect(state: &MeshState) -> Status {
             ip: p.ip,
             ambient: p.ambient,
             enrolled: p.enrolled,
+            redirection: std::fs::read_to_string(
+                run.pod_status(&p.node)
+                    .join(format!("{}_{}", p.namespace, p.name)),
+            )
+            .ok()
+            .map(|v| v.trim().to_owned()),
             running: running(
                 state,
                 &Role::Pod {
