@@ -221,15 +221,21 @@ fn summary(mesh: &Mesh, run_dir: &std::path::Path) {
     };
     let example = st.pods.first().map(|p| p.name.as_str()).unwrap_or("POD");
     say("");
-    say(&format!(
-        "  ambit exec{rd} {example} -- CMD...   run a command in a pod"
-    ));
-    say(&format!(
-        "  ambit status{rd} [-o json]           readiness, enrolment, certificates"
-    ));
-    say(&format!(
-        "  ambit apply{rd} -f FILE              add or change pods, labels, policies"
-    ));
+    let hints = [
+        [
+            format!("  ambit exec{rd} {example} -- CMD..."),
+            "run a command in a pod".to_string(),
+        ],
+        [
+            format!("  ambit status{rd} [-o json]"),
+            "readiness, enrolment, certificates".into(),
+        ],
+        [
+            format!("  ambit apply{rd} -f FILE"),
+            "add or change pods, labels, policies".into(),
+        ],
+    ];
+    table(&hints);
     say(&format!("  logs in {}", mesh.run_dir().logs().display()));
     say("  Ctrl-C (or `ambit down`) removes everything.");
     say("ready");
