@@ -286,6 +286,86 @@ pub fn arena_free_bytes() -> usize {
         .unwrap_or(0)
 }
 
+/// Copies both ways between two plain byte streams (a client socket and an upstream
+/// connection, for non-HBONE traffic) until both directions have seen EOF, propagating
+/// half-close (EOF on one side becomes `shutdown()` of the other). Reads go through the same
+/// per-thread arenas as [`copy_bidirectional`], so an idle connection holds no buffer.
+/// Returns the bytes written to `b` and to `a`.
+pub async fn copy_streams<A, B>(a: &mut A, b: &mut B) -> io::Result<(u64, u64)>
+where
+    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    let mut a_to_b = Pipe::default();
+    let mut b_to_a = Pipe::default();
+    poll_fn(|cx| {
+        let a_done = a_to_b.poll(cx, &mut *a, &mut *b)?.is_ready();
+        let b_done = b_to_a.poll(cx, &mut *b, &mut *a)?.is_ready();
+        if a_done && b_done {
+            Poll::Ready(Ok((a_to_b.written, b_to_a.written)))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// One direction of [`copy_streams`].
+#[derive(Default)]
+struct Pipe {
+    /// Read, not yet written.
+    pending: Bytes,
+    read: u64,
+    written: u64,
+    need_flush: bool,
+    eof: bool,
+    done: bool,
+}
+
+impl Pipe {
+    fn poll<R, W>(&mut self, cx: &mut Context<'_>, from: &mut R, to: &mut W) -> Poll<io::Result<()>>
+    where
+        R: AsyncRead + Unpin + ?Sized,
+        W: AsyncWrite + Unpin + ?Sized,
+    {
+        loop {
+            if self.done {
+                return Poll::Ready(Ok(()));
+            }
+            if !self.pending.is_empty() {
+                let n = ready!(Pin::new(&mut *to).poll_write(cx, &self.pending))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.pending.advance(n);
+                self.written += n as u64;
+                self.need_flush = true;
+                continue;
+            }
+            if self.eof {
+                ready!(Pin::new(&mut *to).poll_shutdown(cx))?;
+                self.done = true;
+                continue;
+            }
+            match read_into_arena(Tier::for_total(self.read), cx, from) {
+                Poll::Ready(Ok(Some(chunk))) => {
+                    self.read += chunk.len() as u64;
+                    self.pending = chunk;
+                }
+                Poll::Ready(Ok(None)) => self.eof = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    if self.need_flush {
+                        ready!(Pin::new(&mut *to).poll_flush(cx))?;
+                        self.need_flush = false;
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
 /// Tunnel → socket.
 #[derive(Default)]
 struct Downstream {

@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use ambit_hbone::copy::{arena_free_bytes, arena_refills};
+use ambit_hbone::copy::{arena_free_bytes, arena_refills, copy_streams};
 use ambit_hbone::{
     ConnectTarget, H2Stream, HboneClient, Responder, Transferred, copy_bidirectional,
 };
@@ -166,5 +166,70 @@ async fn idle_copies_share_one_read_block_per_thread() {
         drop(app);
         let t = copy.await.unwrap().unwrap();
         assert_eq!((t.to_tunnel, t.from_tunnel), (2, 2));
+    }
+}
+
+/// client app ↔ copy_streams ↔ echoing upstream app; returns the client's end and the copy.
+fn plain_proxied() -> (
+    DuplexStream,
+    tokio::task::JoinHandle<std::io::Result<(u64, u64)>>,
+) {
+    let (client, mut a) = tokio::io::duplex(64 * 1024);
+    let (mut b, upstream) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let (mut r, mut w) = tokio::io::split(upstream);
+        tokio::io::copy(&mut r, &mut w).await.unwrap();
+        w.shutdown().await.unwrap();
+    });
+    let copy = tokio::spawn(async move { copy_streams(&mut a, &mut b).await });
+    (client, copy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_copy_keeps_every_byte_with_half_close_and_counts() {
+    for (i, size) in [0usize, 1, 4095, 4097, 65_537, (1 << 20) + 1, 3 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let (client, copy) = plain_proxied();
+        let (mut r, mut w) = tokio::io::split(client);
+        let data = pattern(size, i);
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            for piece in sent.chunks(10_007) {
+                w.write_all(piece).await.unwrap();
+            }
+            w.shutdown().await.unwrap();
+        });
+        let mut got = Vec::with_capacity(size);
+        let read = tokio::time::timeout(Duration::from_secs(20), r.read_to_end(&mut got)).await;
+        read.expect("echo ended").unwrap();
+        writer.await.unwrap();
+        assert!(got == data, "size {size}: echoed bytes differ");
+        let n = size as u64;
+        assert_eq!(copy.await.unwrap().unwrap(), (n, n), "size {size}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn idle_plain_copies_share_one_read_block_per_thread() {
+    const CONNS: usize = 100;
+    let before = arena_refills();
+    let mut open = Vec::new();
+    for i in 0..CONNS {
+        let (mut client, copy) = plain_proxied();
+        client.write_all(&[i as u8]).await.unwrap();
+        let mut b = [0u8; 1];
+        client.read_exact(&mut b).await.unwrap();
+        assert_eq!(b[0], i as u8);
+        open.push((client, copy));
+    }
+    // 200 one-byte reads (both directions of 100 connections): one 4 KiB block.
+    assert_eq!(arena_refills() - before, 1);
+    assert!(arena_free_bytes() <= 4096, "{}", arena_free_bytes());
+    for (client, copy) in open {
+        assert!(!copy.is_finished());
+        drop(client);
+        assert_eq!(copy.await.unwrap().unwrap(), (1, 1));
     }
 }
