@@ -300,7 +300,8 @@ async fn copy_tcp(
     guard: &crate::telemetry::ConnectionGuard,
 ) -> Result<(), String> {
     let mut counted = counted::Counted::new(client, guard, true);
-    tokio::io::copy_bidirectional_with_sizes(&mut counted, upstream, 64 * 1024, 64 * 1024)
+    // No per-connection buffers: reads borrow a per-thread block only while data is moving.
+    ambit_hbone::copy::copy_streams(&mut counted, upstream)
         .await
         .map(drop)
         .map_err(|e| format!("copy: {e}"))

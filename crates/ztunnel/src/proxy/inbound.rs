@@ -16,7 +16,7 @@ use http::{HeaderMap, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::upstream::{baggage_for, connect_app, insert_baggage};
-use super::{ProxyInputs, observe};
+use super::{ProxyInputs, TrackedConnection, observe};
 use crate::drain::DrainWatcher;
 use crate::state::AuthzOutcome;
 use crate::telemetry::{
@@ -91,7 +91,12 @@ async fn handle_conn(
             return;
         }
     };
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(tcp));
+    // Boxed so the handshake's state is freed once done instead of sizing the task that
+    // then serves the connection.
+    let handshake = Box::pin(tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        TlsAcceptor::from(config).accept(tcp),
+    ));
     let stream = match handshake.await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -122,8 +127,10 @@ async fn handle_conn(
         src_identity,
     });
     let handler = move |req: ConnectRequest, responder: Responder| {
-        let ctx = ctx.clone();
-        async move { ctx.handle_stream(req, responder).await }
+        // Only the target travels into the stream's task: the request headers (baggage,
+        // forwarded, traceparent) are not used, so they are freed here rather than kept
+        // until the tunnel closes.
+        ctx.clone().handle_stream(req.target, responder)
     };
     let drained = {
         let drain = drain.clone();
@@ -222,10 +229,39 @@ impl StreamCtx {
         Ok((workload, SocketAddr::new(arrived, port)))
     }
 
-    async fn handle_stream(&self, req: ConnectRequest, responder: Responder) {
+    /// One CONNECT stream. The task's size is what an open tunnel costs for its whole life,
+    /// so everything only needed to admit it is built in [`StreamCtx::admit`] (not async, so
+    /// none of it stays in the task).
+    async fn handle_stream(self: Arc<Self>, target: ConnectTarget, responder: Responder) {
+        let Some(Admitted {
+            guard,
+            log,
+            workload,
+            app,
+            mut tracked,
+            responder,
+        }) = self.admit(&target, responder)
+        else {
+            return;
+        };
+        let result = self
+            .proxy(&workload, app, responder, &mut tracked, &guard)
+            .await;
+        if let Err(e) = &result {
+            guard.set_failed(e.flag());
+        }
+        log.complete_with(
+            &guard,
+            result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+        );
+    }
+
+    /// Resolves and authorizes the stream, opening its metrics and access log. Refusals are
+    /// answered, counted and logged here.
+    fn admit(&self, target: &ConnectTarget, responder: Responder) -> Option<Admitted> {
         let mut info = ConnectionLog::new(Direction::Inbound, self.peer, self.local);
-        info.dst_hbone_addr = Some(req.target.to_string().into());
-        info.src_identity = self.src_identity.as_ref().map(|id| id.to_string().into());
+        info.dst_hbone_addr = Some(observe::intern_display(target));
+        info.src_identity = self.src_identity.as_ref().map(observe::intern_display);
         let mut labels = TrafficLabels::new(Reporter::Destination);
         // Source workload fields come from the workload found by source IP, not the client's
         // baggage (which it controls), like upstream.
@@ -234,21 +270,21 @@ impl StreamCtx {
             observe::source(&mut labels, &s);
         }
         if let Some(id) = &self.src_identity {
-            labels.source_principal = id.to_string().into();
+            labels.source_principal = observe::intern_display(id);
         }
         labels.connection_security_policy = ConnectionSecurityPolicy::MutualTls;
-        let (workload, app) = match self.resolve(&req.target) {
+        let (workload, app) = match self.resolve(target) {
             Ok(r) => r,
             Err(e) => {
                 let _ = responder.reject(e.status());
                 let guard = self.inputs.metrics.connection_opened(labels);
                 guard.set_failed(e.flag());
                 AccessLog::opened(info).complete_with(&guard, Some(&e));
-                return;
+                return None;
             }
         };
         observe::destination(&mut labels, &workload);
-        labels.destination_principal = workload.identity().to_string().into();
+        labels.destination_principal = observe::intern_display(workload.identity());
         observe::log_dst(&mut info, &workload);
         info.dst_addr = app;
         let guard = self.inputs.metrics.connection_opened(labels);
@@ -259,29 +295,32 @@ impl StreamCtx {
             dst_ip: app.ip(),
             dst_port: app.port(),
         };
-        let result = self.proxy(&workload, app, attrs, responder, &guard).await;
-        if let Err(e) = &result {
+        if let AuthzOutcome::Deny(reason) = self.inputs.state.authorize(&workload, &attrs) {
+            let _ = responder.reject(StatusCode::UNAUTHORIZED);
+            let e = InboundError::Denied(reason);
             guard.set_failed(e.flag());
+            log.complete_with(&guard, Some(&e));
+            return None;
         }
-        log.complete_with(
-            &guard,
-            result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
-        );
+        let tracked = self.inputs.tracker.track(workload.clone(), attrs);
+        Some(Admitted {
+            guard,
+            log,
+            workload,
+            app,
+            tracked,
+            responder,
+        })
     }
 
     async fn proxy(
         &self,
-        workload: &Arc<Workload>,
+        workload: &Workload,
         app: SocketAddr,
-        attrs: Connection,
         responder: Responder,
+        tracked: &mut TrackedConnection,
         guard: &ConnectionGuard,
     ) -> Result<(), InboundError> {
-        if let AuthzOutcome::Deny(reason) = self.inputs.state.authorize(workload, &attrs) {
-            let _ = responder.reject(StatusCode::UNAUTHORIZED);
-            return Err(InboundError::Denied(reason));
-        }
-        let mut tracked = self.inputs.tracker.track(workload.uid.clone(), attrs);
         let mut upstream = match connect_app(&self.inputs, app, Some(self.peer.ip())).await {
             Ok(s) => s,
             Err(e) => {
@@ -289,11 +328,7 @@ impl StreamCtx {
                 return Err(e.into());
             }
         };
-        let mut headers = HeaderMap::new();
-        if self.inputs.cfg.enable_response_baggage {
-            insert_baggage(&mut headers, &baggage_for(workload));
-        }
-        let Ok(mut tunnel) = responder.accept(headers) else {
+        let Ok(mut tunnel) = responder.accept(self.response_headers(workload)) else {
             return Ok(());
         };
         tokio::select! {
@@ -307,4 +342,22 @@ impl StreamCtx {
             reason = tracked.closed() => Err(InboundError::Denied(reason)),
         }
     }
+
+    fn response_headers(&self, workload: &Workload) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if self.inputs.cfg.enable_response_baggage {
+            insert_baggage(&mut headers, &baggage_for(workload));
+        }
+        headers
+    }
+}
+
+/// A stream that passed resolution and authorization.
+struct Admitted {
+    guard: ConnectionGuard,
+    log: AccessLog,
+    workload: Arc<Workload>,
+    app: SocketAddr,
+    tracked: TrackedConnection,
+    responder: Responder,
 }

@@ -4,83 +4,52 @@
 //! with the client's source IP (§3.6).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use ambit_model::authz::Connection;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::upstream::connect_app;
-use super::{ProxyInputs, observe};
+use super::{ProxyInputs, TrackedConnection, observe};
 use crate::drain::DrainWatcher;
 use crate::state::AuthzOutcome;
 use crate::telemetry::{
-    AccessLog, ConnectionLog, Direction, Reporter, ResponseFlag, TrafficLabels, connection_failed,
+    AccessLog, ConnectionGuard, ConnectionLog, Direction, Reporter, ResponseFlag, TrafficLabels,
+    connection_failed,
 };
 
 pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
+    // One shared copy: each connection's task holds a pointer, not a clone of the inputs.
+    let inputs = Arc::new(inputs);
     super::accept_loop(
         "inbound plaintext",
         listener,
         drain,
-        move |stream, peer, watcher| {
-            let inputs = inputs.clone();
-            async move {
-                handle(stream, peer, &inputs).await;
-                drop(watcher);
-            }
-        },
+        move |stream, peer, watcher| handle(stream, peer, inputs.clone(), watcher),
     )
     .await;
 }
 
-async fn handle(mut stream: TcpStream, peer: SocketAddr, inputs: &ProxyInputs) {
-    let peer = super::canonical(peer);
-    let orig = super::original_dst(&stream);
-    if inputs.illegal_port(orig.port()) {
-        connection_failed(
-            peer,
-            orig,
-            Direction::Inbound,
-            &"local: attempted recursive call to ourselves",
-        );
+/// Like the outbound handler, the admission work happens in [`admit`] (not async) so that
+/// none of it stays in the connection's task for the connection's lifetime.
+async fn handle(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    inputs: Arc<ProxyInputs>,
+    drain: DrainWatcher,
+) {
+    let Some(Admitted {
+        guard,
+        log,
+        orig,
+        peer,
+        mut tracked,
+    }) = admit(&stream, peer, &inputs)
+    else {
         return;
-    }
-    let network = inputs
-        .local_workload()
-        .map(|w| w.network.clone())
-        .unwrap_or_default();
-    let Some(workload) = inputs.state.workload_by_addr(&network, orig.ip()) else {
-        connection_failed(
-            peer,
-            orig,
-            Direction::Inbound,
-            &"local: no workload at destination",
-        );
-        return;
-    };
-    let mut info = ConnectionLog::new(Direction::Inbound, peer, orig);
-    let mut labels = TrafficLabels::new(Reporter::Destination);
-    if let Some(s) = inputs.state.workload_by_addr(&network, peer.ip()) {
-        observe::source(&mut labels, &s);
-        observe::log_src(&mut info, &s);
-    }
-    observe::destination(&mut labels, &workload);
-    labels.destination_principal = workload.identity().to_string().into();
-    observe::log_dst(&mut info, &workload);
-    let guard = inputs.metrics.connection_opened(labels);
-    let log = AccessLog::opened(info);
-    let attrs = Connection {
-        src_identity: None,
-        src_ip: peer.ip(),
-        dst_ip: orig.ip(),
-        dst_port: orig.port(),
     };
     let result: Result<(), String> = async {
-        if let AuthzOutcome::Deny(reason) = inputs.state.authorize(&workload, &attrs) {
-            guard.set_failed(ResponseFlag::Deny);
-            return Err(reason);
-        }
-        let mut tracked = inputs.tracker.track(workload.uid.clone(), attrs);
-        let mut upstream = connect_app(inputs, orig, Some(peer.ip()))
+        let mut upstream = connect_app(&inputs, orig, Some(peer.ip()))
             .await
             .map_err(|e| e.to_string())?;
         tokio::select! {
@@ -96,4 +65,71 @@ async fn handle(mut stream: TcpStream, peer: SocketAddr, inputs: &ProxyInputs) {
         &guard,
         result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
     );
+    drop(drain);
+}
+
+/// A connection that passed authorization, with its metrics and access log opened.
+struct Admitted {
+    guard: ConnectionGuard,
+    log: AccessLog,
+    orig: SocketAddr,
+    peer: SocketAddr,
+    tracked: TrackedConnection,
+}
+
+fn admit(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<Admitted> {
+    let peer = super::canonical(peer);
+    let orig = super::original_dst(stream);
+    if inputs.illegal_port(orig.port()) {
+        connection_failed(
+            peer,
+            orig,
+            Direction::Inbound,
+            &"local: attempted recursive call to ourselves",
+        );
+        return None;
+    }
+    let network = inputs
+        .local_workload()
+        .map(|w| w.network.clone())
+        .unwrap_or_default();
+    let Some(workload) = inputs.state.workload_by_addr(&network, orig.ip()) else {
+        connection_failed(
+            peer,
+            orig,
+            Direction::Inbound,
+            &"local: no workload at destination",
+        );
+        return None;
+    };
+    let mut info = ConnectionLog::new(Direction::Inbound, peer, orig);
+    let mut labels = TrafficLabels::new(Reporter::Destination);
+    if let Some(s) = inputs.state.workload_by_addr(&network, peer.ip()) {
+        observe::source(&mut labels, &s);
+        observe::log_src(&mut info, &s);
+    }
+    observe::destination(&mut labels, &workload);
+    labels.destination_principal = observe::intern_display(workload.identity());
+    observe::log_dst(&mut info, &workload);
+    let guard = inputs.metrics.connection_opened(labels);
+    let log = AccessLog::opened(info);
+    let attrs = Connection {
+        src_identity: None,
+        src_ip: peer.ip(),
+        dst_ip: orig.ip(),
+        dst_port: orig.port(),
+    };
+    if let AuthzOutcome::Deny(reason) = inputs.state.authorize(&workload, &attrs) {
+        guard.set_failed(ResponseFlag::Deny);
+        log.complete_with(&guard, Some(&reason));
+        return None;
+    }
+    let tracked = inputs.tracker.track(workload, attrs);
+    Some(Admitted {
+        guard,
+        log,
+        orig,
+        peer,
+        tracked,
+    })
 }

@@ -62,19 +62,68 @@ pub enum Route {
 }
 
 pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
+    // One shared copy: each connection's task holds a pointer, not a clone of the inputs.
+    let inputs = Arc::new(inputs);
     super::accept_loop("outbound", listener, drain, move |stream, peer, watcher| {
-        let inputs = inputs.clone();
-        async move {
-            handle(stream, peer, &inputs).await;
-            drop(watcher);
-        }
+        handle(stream, peer, inputs.clone(), watcher)
     })
     .await;
 }
 
-async fn handle(mut stream: TcpStream, peer: SocketAddr, inputs: &ProxyInputs) {
+/// The connection's lifetime state is the task's size, and most connections are long-lived
+/// and idle: everything that is only needed to get the connection going is built in
+/// [`open`] (not async, so none of it stays in the task) or boxed while it runs.
+async fn handle(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    inputs: Arc<ProxyInputs>,
+    drain: DrainWatcher,
+) {
+    let Some(Opened { guard, log, plan }) = open(&stream, peer, &inputs) else {
+        return;
+    };
+    let result = match plan {
+        Plan::Tcp(dst) => proxy_tcp(&inputs, &mut stream, dst, &guard).await,
+        Plan::Hbone(connect) => proxy_hbone(&mut stream, connect, &guard).await,
+    };
+    if let Err(e) = &result {
+        guard.set_failed(response_flag(e));
+    }
+    log.complete_with(
+        &guard,
+        result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+    );
+    drop(drain);
+}
+
+/// A connection with a route, its metrics and its access log opened.
+struct Opened {
+    guard: ConnectionGuard,
+    log: AccessLog,
+    plan: Plan,
+}
+
+type Connect = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<
+                    (ambit_hbone::ConnectResponse, ambit_hbone::H2Stream),
+                    ambit_hbone::PoolError,
+                >,
+            > + Send,
+    >,
+>;
+
+enum Plan {
+    Tcp(SocketAddr),
+    /// The pooled CONNECT, boxed: dial, TLS and handshake are large and over once the tunnel
+    /// is up.
+    Hbone(Connect),
+}
+
+fn open(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<Opened> {
     let peer = super::canonical(peer);
-    let orig = super::original_dst(&stream);
+    let orig = super::original_dst(stream);
     let src = inputs.local_workload();
     let route = match src.as_ref() {
         None => Err(OutboundError::UnknownSource(format!(
@@ -90,24 +139,22 @@ async fn handle(mut stream: TcpStream, peer: SocketAddr, inputs: &ProxyInputs) {
         (Some(src), Ok(route)) => (src, route),
         (_, Err(e)) => {
             connection_failed(peer, orig, Direction::Outbound, &e);
-            return;
+            return None;
         }
-        (None, Ok(_)) => return,
+        (None, Ok(_)) => return None,
     };
     let guard = inputs.metrics.connection_opened(labels_for(&src, &route));
     let mut info = ConnectionLog::new(Direction::Outbound, peer, orig);
     observe::log_src(&mut info, &src);
-    info.src_identity = Some(src.identity().to_string().into());
-    let result = match &route {
+    info.src_identity = Some(observe::intern_display(src.identity()));
+    let plan = match route {
         Route::Tcp { dst, workload, .. } => {
-            if let Some(w) = workload {
+            if let Some(w) = &workload {
                 observe::log_dst(&mut info, w);
                 info.dst_identity = None;
             }
-            info.dst_addr = *dst;
-            let log = AccessLog::opened(info);
-            let r = proxy_tcp(inputs, &mut stream, *dst, &guard).await;
-            (log, r)
+            info.dst_addr = dst;
+            Plan::Tcp(dst)
         }
         Route::Hbone {
             dst,
@@ -116,32 +163,30 @@ async fn handle(mut stream: TcpStream, peer: SocketAddr, inputs: &ProxyInputs) {
             workload,
             service,
         } => {
-            observe::log_dst(&mut info, workload);
-            info.dst_addr = *dst;
-            info.dst_hbone_addr = Some(target.to_string().into());
-            if let Some(s) = service {
-                info.dst_service = Some(s.hostname().into());
+            observe::log_dst(&mut info, &workload);
+            info.dst_addr = dst;
+            info.dst_hbone_addr = Some(observe::intern_display(&target));
+            if let Some(s) = &service {
+                info.dst_service = Some(observe::intern(s.hostname()));
             }
-            let log = AccessLog::opened(info);
             let key = PoolKey {
                 src_identity: src.identity().clone(),
-                dst_identities: identities.clone(),
-                dst: *dst,
+                dst_identities: identities,
+                dst,
                 src_ip: None,
             };
             let headers = request_headers(&src, peer, service.as_deref());
-            let r = proxy_hbone(inputs, &mut stream, key, target, headers, &guard).await;
-            (log, r)
+            let pool = inputs.pool.clone();
+            Plan::Hbone(Box::pin(async move {
+                pool.connect(key, &target, headers).await
+            }))
         }
     };
-    let (log, result) = result;
-    if let Err(e) = &result {
-        guard.set_failed(response_flag(e));
-    }
-    log.complete_with(
-        &guard,
-        result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
-    );
+    Some(Opened {
+        guard,
+        log: AccessLog::opened(info),
+        plan,
+    })
 }
 
 fn response_flag(e: &OutboundError) -> ResponseFlag {
@@ -179,27 +224,21 @@ async fn proxy_tcp(
 }
 
 async fn proxy_hbone(
-    inputs: &ProxyInputs,
     stream: &mut TcpStream,
-    key: PoolKey,
-    target: &ConnectTarget,
-    headers: HeaderMap,
+    connect: Connect,
     guard: &ConnectionGuard,
 ) -> Result<(), OutboundError> {
-    let (resp, mut tunnel) =
-        inputs
-            .pool
-            .connect(key, target, headers)
-            .await
-            .map_err(|e| match &e {
-                ambit_hbone::PoolError::Connect(ambit_hbone::ClientError::Status {
-                    status,
-                    ..
-                }) => OutboundError::Status(*status),
-                _ => OutboundError::Hbone(e),
-            })?;
-    if resp.status != http::StatusCode::OK {
-        return Err(OutboundError::Status(resp.status));
+    let (resp, mut tunnel) = connect.await.map_err(|e| match &e {
+        ambit_hbone::PoolError::Connect(ambit_hbone::ClientError::Status { status, .. }) => {
+            OutboundError::Status(*status)
+        }
+        _ => OutboundError::Hbone(e),
+    })?;
+    let status = resp.status;
+    // The response headers (e.g. baggage) are not used past here.
+    drop(resp);
+    if status != http::StatusCode::OK {
+        return Err(OutboundError::Status(status));
     }
     super::copy_hbone(stream, &mut tunnel, guard, true)
         .await
@@ -335,7 +374,7 @@ fn via_waypoint(
 fn labels_for(src: &Workload, route: &Route) -> TrafficLabels {
     let mut labels = TrafficLabels::new(Reporter::Source);
     observe::source(&mut labels, src);
-    labels.source_principal = src.identity().to_string().into();
+    labels.source_principal = observe::intern_display(src.identity());
     match route {
         Route::Tcp {
             workload, service, ..
@@ -358,7 +397,7 @@ fn labels_for(src: &Workload, route: &Route) -> TrafficLabels {
                 observe::service(&mut labels, s);
             }
             if let Some(id) = identities.first() {
-                labels.destination_principal = id.to_string().into();
+                labels.destination_principal = observe::intern_display(id);
             }
             labels.connection_security_policy = ConnectionSecurityPolicy::MutualTls;
         }

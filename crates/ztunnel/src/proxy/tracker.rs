@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use ambit_model::Workload;
 use ambit_model::authz::Connection;
-use ambit_model::names::WorkloadUid;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::state::{AuthzOutcome, ProxyState};
 
@@ -20,9 +20,41 @@ pub struct ConnectionTracker {
 
 #[derive(Debug)]
 struct Entry {
-    workload: WorkloadUid,
+    /// The record the connection was authorized against; re-evaluation looks up the
+    /// current record by its uid.
+    workload: Arc<Workload>,
     attrs: Connection,
-    close: watch::Sender<Option<String>>,
+    close: Arc<CloseSignal>,
+}
+
+/// Set once with the reason a connection must close. One small allocation per tracked
+/// connection (a `watch` channel costs several hundred bytes per connection, and this is
+/// held for the connection's whole life).
+#[derive(Debug, Default)]
+struct CloseSignal {
+    reason: Mutex<Option<String>>,
+    notify: Notify,
+}
+
+impl CloseSignal {
+    fn reason(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn is_set(&self) -> bool {
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    fn set(&self, reason: String) {
+        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+        self.notify.notify_waiters();
+    }
 }
 
 /// Handle held by a connection task; unregisters on drop.
@@ -30,20 +62,21 @@ struct Entry {
 pub struct TrackedConnection {
     id: u64,
     tracker: Arc<ConnectionTracker>,
-    closed: watch::Receiver<Option<String>>,
+    close: Arc<CloseSignal>,
 }
 
 impl TrackedConnection {
     /// Completes with the reason once the connection must be closed.
     pub async fn closed(&mut self) -> String {
         loop {
-            if let Some(reason) = self.closed.borrow_and_update().clone() {
+            // Registered before checking, so a reason set in between is not missed.
+            let notified = self.close.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(reason) = self.close.reason() {
                 return reason;
             }
-            if self.closed.changed().await.is_err() {
-                // The tracker entry vanished: nothing will ever close us.
-                std::future::pending::<()>().await;
-            }
+            notified.await;
         }
     }
 }
@@ -63,21 +96,25 @@ impl ConnectionTracker {
         Arc::new(Self::default())
     }
 
-    pub fn track(self: &Arc<Self>, workload: WorkloadUid, attrs: Connection) -> TrackedConnection {
+    pub fn track(
+        self: &Arc<Self>,
+        workload: Arc<Workload>,
+        attrs: Connection,
+    ) -> TrackedConnection {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (close, closed) = watch::channel(None);
+        let close = Arc::new(CloseSignal::default());
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(
             id,
             Entry {
                 workload,
                 attrs,
-                close,
+                close: close.clone(),
             },
         );
         TrackedConnection {
             id,
             tracker: self.clone(),
-            closed,
+            close,
         }
     }
 
@@ -94,17 +131,17 @@ impl ConnectionTracker {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         let mut closed = 0;
         for entry in conns.values() {
-            if entry.close.borrow().is_some() {
+            if entry.close.is_set() {
                 continue;
             }
-            let outcome = match state.workload_by_uid(entry.workload.as_str()) {
+            let outcome = match state.workload_by_uid(entry.workload.uid.as_str()) {
                 Some(w) => state.authorize(&w, &entry.attrs),
                 None => AuthzOutcome::Deny("destination workload removed".into()),
             };
             if let AuthzOutcome::Deny(reason) = outcome {
-                entry.close.send_replace(Some(format!(
-                    "connection closed due to policy change: {reason}"
-                )));
+                entry
+                    .close
+                    .set(format!("connection closed due to policy change: {reason}"));
                 closed += 1;
             }
         }
@@ -121,5 +158,63 @@ impl ConnectionTracker {
                 tracing::info!(closed = n, "policy change closed connections");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use ambit_model::{SpiffeId, WorkloadUid};
+
+    use super::*;
+
+    fn conn() -> (Arc<Workload>, Connection) {
+        let w = Workload::new(
+            WorkloadUid::new("Kubernetes//Pod/default/gone").unwrap(),
+            "gone",
+            SpiffeId::parse("spiffe://cluster.local/ns/default/sa/default").unwrap(),
+        );
+        let attrs = Connection {
+            src_identity: None,
+            src_ip: "10.0.0.2".parse().unwrap(),
+            dst_ip: "10.0.0.1".parse().unwrap(),
+            dst_port: 80,
+        };
+        (Arc::new(w), attrs)
+    }
+
+    #[tokio::test]
+    async fn denied_connections_are_told_why_whether_waiting_already_or_not() {
+        let tracker = ConnectionTracker::new();
+        let state = ProxyState::new();
+        let (w, attrs) = conn();
+        let mut waiting = tracker.track(w.clone(), attrs.clone());
+        let waiter = tokio::spawn(async move { waiting.closed().await });
+        tokio::task::yield_now().await;
+        let mut later = tracker.track(w, attrs);
+        assert_eq!(tracker.len(), 2);
+        // The workload is not in the state: both connections are now denied, once.
+        assert_eq!(tracker.reevaluate(&state), 2);
+        assert_eq!(tracker.reevaluate(&state), 0);
+        let reason = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(reason.contains("destination workload removed"), "{reason}");
+        assert_eq!(later.closed().await, reason);
+        drop(later);
+        assert!(tracker.is_empty());
+    }
+
+    #[tokio::test]
+    async fn allowed_connections_keep_waiting() {
+        let tracker = ConnectionTracker::new();
+        let (w, attrs) = conn();
+        let mut tracked = tracker.track(w, attrs);
+        let closed = tokio::time::timeout(Duration::from_millis(50), tracked.closed()).await;
+        assert!(closed.is_err());
     }
 }

@@ -42,7 +42,9 @@ pub async fn connect_app(
         _ => None,
     };
     let connect = ambit_netns::connect_tcp(inputs.socket_factory.as_ref(), dst, local, &opts);
-    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+    // Boxed: the dial and its timer are over once connected; inline they would size the
+    // connection's task for its whole lifetime.
+    match Box::pin(tokio::time::timeout(CONNECT_TIMEOUT, connect)).await {
         Ok(Ok(s)) => Ok(s),
         Ok(Err(source)) => Err(UpstreamError::Connect { dst, source }),
         Err(_) => Err(UpstreamError::Timeout { dst }),
