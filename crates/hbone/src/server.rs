@@ -157,8 +157,9 @@ pub enum ConnectionEnd {
 /// Serves HBONE on one connection until the client closes it, it fails, or `drain`
 /// completes and the graceful drain ends.
 ///
-/// `handler` runs in its own task per stream; tasks are owned by this call and aborted
-/// when it returns.
+/// `handler` is called on the connection's task and should only build its future (an
+/// `async` block or `async fn` call); that future runs in its own task per stream. Tasks are
+/// owned by this call and aborted when it returns.
 pub async fn serve_connection<IO, H, Fut>(
     io: IO,
     settings: &H2Settings,
@@ -259,6 +260,8 @@ fn on_request<H, Fut>(
         respond: Some(respond),
         recv: Some(recv),
     };
-    let handler = handler.clone();
-    tasks.spawn(async move { handler(request, responder).await });
+    // Calling the handler here only builds its future; spawning that future directly (not an
+    // async block around the call) keeps the request and responder out of the task's state,
+    // which lives as long as the tunnel.
+    tasks.spawn(handler(request, responder));
 }
