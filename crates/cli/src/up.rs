@@ -320,6 +320,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                 "ZTUNNEL IP".into(),
                 "AGENT READY".into(),
                 "ZTUNNEL READY".into(),
+                "UNPROTECTED PODS".into(),
                 "CERTIFICATES (expiry)".into(),
             ]];
             for n in &st.nodes {
@@ -340,6 +341,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                     n.ztunnel_ip.map_or("-".into(), |ip| ip.to_string()),
                     yes(n.agent.ready),
                     yes(n.ztunnel.ready),
+                    n.unprotected_pods.map_or("?".into(), |v| v.to_string()),
                     if certs.is_empty() {
                         "-".into()
                     } else {

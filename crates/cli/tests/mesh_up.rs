@@ -249,6 +249,7 @@ fn up_status_exec_down() {
     for node in status["nodes"].as_array().unwrap() {
         assert_eq!(node["agent"]["ready"], true, "{node}");
         assert_eq!(node["ztunnel"]["ready"], true, "{node}");
+        assert_eq!(node["unprotected_pods"], 0, "{node}");
     }
     let pods = status["pods"].as_array().unwrap();
     let pod = |name: &str| {

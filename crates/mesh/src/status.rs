@@ -36,6 +36,10 @@ pub struct NodeStatus {
     pub ztunnel_ip: Option<Ipv4Addr>,
     pub agent: Component,
     pub ztunnel: Component,
+    /// The agent's `ambit_enrolled_unprotected_pods` (enrolled pods whose rules or ztunnel
+    /// listeners were missing at its last verification): 0 when healthy, `None` when the
+    /// agent's metrics could not be read.
+    pub unprotected_pods: Option<u64>,
     pub certificates: Vec<Certificate>,
 }
 
@@ -120,6 +124,9 @@ fn collect(run: &RunDir, state: &MeshState) -> Status {
                 name: n.name.clone(),
                 ip: n.ip,
                 ztunnel_ip: n.ztunnel.as_ref().map(|z| z.ip),
+                unprotected_pods: crate::probe::http_get(&n.netns, n.agent_metrics, "/metrics")
+                    .filter(|(code, _)| *code == 200)
+                    .and_then(|(_, body)| gauge(&body, "ambit_enrolled_unprotected_pods")),
                 agent,
                 ztunnel,
                 certificates,
@@ -162,6 +169,14 @@ fn collect(run: &RunDir, state: &MeshState) -> Status {
         nodes,
         pods,
     }
+}
+
+/// The value of an unlabelled gauge in Prometheus text.
+fn gauge(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix(' ')?;
+        rest.trim().parse::<f64>().ok().map(|v| v as u64)
+    })
 }
 
 /// The `certificates` section of a ztunnel config dump.
@@ -227,6 +242,20 @@ pub(crate) fn readable_time(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gauges_from_prometheus_text() {
+        let text = "# TYPE ambit_enrolled_unprotected_pods gauge\nambit_enrolled_unprotected_pods 3\nambit_enrolled_unprotected_pods_x 9\n";
+        assert_eq!(gauge(text, "ambit_enrolled_unprotected_pods"), Some(3));
+        assert_eq!(gauge("", "ambit_enrolled_unprotected_pods"), None);
+        assert_eq!(
+            gauge(
+                "ambit_enrolled_unprotected_pods NaNx\n",
+                "ambit_enrolled_unprotected_pods"
+            ),
+            None
+        );
+    }
 
     #[test]
     fn times() {
