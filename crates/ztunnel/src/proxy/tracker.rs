@@ -15,21 +15,23 @@ use crate::state::{AuthzOutcome, ProxyState};
 #[derive(Debug, Default)]
 pub struct ConnectionTracker {
     next_id: AtomicU64,
-    conns: Mutex<HashMap<u64, Entry>>,
+    /// The map holds pointers only, so its (doubling) table stays small per connection.
+    conns: Mutex<HashMap<u64, Arc<Entry>>>,
 }
 
+/// One tracked connection, shared by the registry and the connection's handle: a single
+/// allocation per connection (a `watch` channel alone cost several hundred bytes, and this
+/// is held for the connection's whole life).
 #[derive(Debug)]
 struct Entry {
     /// The record the connection was authorized against; re-evaluation looks up the
     /// current record by its uid.
     workload: Arc<Workload>,
     attrs: Connection,
-    close: Arc<CloseSignal>,
+    close: CloseSignal,
 }
 
-/// Set once with the reason a connection must close. One small allocation per tracked
-/// connection (a `watch` channel costs several hundred bytes per connection, and this is
-/// held for the connection's whole life).
+/// Set once with the reason a connection must close.
 #[derive(Debug, Default)]
 struct CloseSignal {
     reason: Mutex<Option<String>>,
@@ -62,7 +64,7 @@ impl CloseSignal {
 pub struct TrackedConnection {
     id: u64,
     tracker: Arc<ConnectionTracker>,
-    close: Arc<CloseSignal>,
+    entry: Arc<Entry>,
 }
 
 impl TrackedConnection {
@@ -70,10 +72,11 @@ impl TrackedConnection {
     pub async fn closed(&mut self) -> String {
         loop {
             // Registered before checking, so a reason set in between is not missed.
-            let notified = self.close.notify.notified();
+            let close = &self.entry.close;
+            let notified = close.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if let Some(reason) = self.close.reason() {
+            if let Some(reason) = close.reason() {
                 return reason;
             }
             notified.await;
@@ -102,19 +105,19 @@ impl ConnectionTracker {
         attrs: Connection,
     ) -> TrackedConnection {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let close = Arc::new(CloseSignal::default());
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            id,
-            Entry {
-                workload,
-                attrs,
-                close: close.clone(),
-            },
-        );
+        let entry = Arc::new(Entry {
+            workload,
+            attrs,
+            close: CloseSignal::default(),
+        });
+        self.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, entry.clone());
         TrackedConnection {
             id,
             tracker: self.clone(),
-            close,
+            entry,
         }
     }
 
