@@ -362,7 +362,7 @@ impl Scenario {
                 .collect();
             std::fs::write(pods_dir.join("pods.yaml"), manifests)?;
             let zds = dir.join(ZDS_SOCKET);
-            let agent = self.spawn_agent(node, ambit, &dir, extra_pods > 0)?;
+            let agent = self.spawn_agent(node, ambit, &dir)?;
             self.agents.push(agent);
             let spec = ZtunnelSpec {
                 netns: node,
@@ -426,13 +426,7 @@ impl Scenario {
         inpod::cni_add(cmd, &node.agent_run_dir, p).map_err(|e| e.context(self.log_tails()))
     }
 
-    fn spawn_agent(
-        &self,
-        node: &'static str,
-        ambit: &Path,
-        dir: &Path,
-        no_verify: bool,
-    ) -> Result<Proc> {
+    fn spawn_agent(&self, node: &'static str, ambit: &Path, dir: &Path) -> Result<Proc> {
         let (pods_dir, run_dir, zds) = (dir.join("pods"), dir.join("cni"), dir.join(ZDS_SOCKET));
         let log = self.dir.path().join(format!("agent-{node}.log"));
         let out = std::fs::File::create(&log)?;
@@ -457,13 +451,6 @@ impl Scenario {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
-        if no_verify {
-            // The periodic verification pass holds the agent's pod table while it checks
-            // every enrolled pod (a rule-listing process per pod); with hundreds of pods it
-            // outlasts the plugin's timeout and CNI ADDs fail. Off while enrolling many
-            // pods (see BENCHMARKS.md); it does not touch ztunnel, which is what is measured.
-            cmd.env("AMBIT_VERIFY_INTERVAL", "0");
-        }
         die_with_parent(&mut cmd);
         let child = cmd
             .spawn()

@@ -342,47 +342,72 @@ impl<S: PodSource> Core<S> {
     }
 
     /// One verification pass over every enrolled pod, with repairs (see [`super::verify`]).
+    /// Checks every enrolled pod without holding the pod table (checks run a rule listing
+    /// per pod: with hundreds of pods a pass takes seconds, and CNI ADDs must not wait for
+    /// it); only a pod that needs repair is re-checked and repaired under the lock.
     pub(crate) async fn verify_all(&self) {
-        let mut enrolled = self.enrolled.lock().await;
+        let snapshot: Vec<(String, Arc<NetnsFd>, InPod, bool)> = self
+            .enrolled
+            .lock()
+            .await
+            .iter()
+            .map(|(uid, s)| (uid.clone(), s.netns.clone(), s.inpod.clone(), s.acked))
+            .collect();
         let mut unprotected = 0i64;
-        for slot in enrolled.values_mut() {
-            let mut rules_ok = rules_present(&slot.inpod, &slot.netns).await;
-            if !rules_ok {
-                tracing::warn!(pod = %slot.pod.name, "in-pod rules missing, re-applying");
-                self.metrics.repairs.inc();
-                // Repairs always reconcile: partial leftovers must not block the rewrite.
-                let mut inpod = slot.inpod.clone();
-                inpod.reconcile = true;
-                let runner = FdRunner {
-                    netns: slot.netns.clone(),
-                };
-                if let Err(e) =
-                    blocking(move || inpod.apply(&runner).map_err(|e| e.to_string())).await
-                {
-                    tracing::warn!(pod = %slot.pod.name, error = %e, "re-applying rules failed");
-                }
-                rules_ok = rules_present(&slot.inpod, &slot.netns).await;
+        for (uid, netns, inpod, acked) in snapshot {
+            if rules_present(&inpod, &netns).await && (!acked || listening(&netns).await) {
+                continue;
             }
-            let mut listening = !slot.acked || listening(&slot.netns).await;
-            if !listening && self.zds.connected() > 0 {
-                tracing::warn!(pod = %slot.pod.name, "ztunnel not listening in pod, re-adding");
-                self.metrics.repairs.inc();
-                let readd = async {
-                    self.zds.del(&slot.pod.uid).await?;
-                    self.zds.add(Self::zds_pod(&slot.pod, &slot.netns)).await
-                };
-                match readd.await {
-                    Ok(()) => listening = self::listening(&slot.netns).await,
-                    Err(e) => tracing::warn!(pod = %slot.pod.name, error = %e, "re-add failed"),
-                }
-            }
-            // A pending pod (never acked) is failing closed, not bypassing; it is counted
-            // only when its rules are missing.
-            if !(rules_ok && listening) {
+            let mut enrolled = self.enrolled.lock().await;
+            // The pod may have been removed or re-enrolled meanwhile: only repair the slot
+            // that was checked.
+            let Some(slot) = enrolled
+                .get_mut(&uid)
+                .filter(|s| Arc::ptr_eq(&s.netns, &netns))
+            else {
+                continue;
+            };
+            if !self.verify_slot(slot).await {
                 unprotected += 1;
             }
         }
         self.metrics.unprotected.set(unprotected);
+    }
+
+    /// Re-checks one pod and repairs what is missing; `true` when it ends up protected.
+    async fn verify_slot(&self, slot: &mut Slot) -> bool {
+        let mut rules_ok = rules_present(&slot.inpod, &slot.netns).await;
+        if !rules_ok {
+            tracing::warn!(pod = %slot.pod.name, "in-pod rules missing, re-applying");
+            self.metrics.repairs.inc();
+            // Repairs always reconcile: partial leftovers must not block the rewrite.
+            let mut inpod = slot.inpod.clone();
+            inpod.reconcile = true;
+            let runner = FdRunner {
+                netns: slot.netns.clone(),
+            };
+            if let Err(e) = blocking(move || inpod.apply(&runner).map_err(|e| e.to_string())).await
+            {
+                tracing::warn!(pod = %slot.pod.name, error = %e, "re-applying rules failed");
+            }
+            rules_ok = rules_present(&slot.inpod, &slot.netns).await;
+        }
+        let mut listening = !slot.acked || listening(&slot.netns).await;
+        if !listening && self.zds.connected() > 0 {
+            tracing::warn!(pod = %slot.pod.name, "ztunnel not listening in pod, re-adding");
+            self.metrics.repairs.inc();
+            let readd = async {
+                self.zds.del(&slot.pod.uid).await?;
+                self.zds.add(Self::zds_pod(&slot.pod, &slot.netns)).await
+            };
+            match readd.await {
+                Ok(()) => listening = self::listening(&slot.netns).await,
+                Err(e) => tracing::warn!(pod = %slot.pod.name, error = %e, "re-add failed"),
+            }
+        }
+        // A pending pod (never acked) is failing closed, not bypassing; it is counted
+        // only when its rules are missing.
+        rules_ok && listening
     }
 }
 
