@@ -167,6 +167,29 @@ pub(crate) fn apply_options(
 
 /// `SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST`: where a REDIRECTed connection was headed.
 /// IPv4 first: on a dual-stack listener an IPv4 connection is tracked by the IPv4 conntrack.
+/// `IP_BIND_ADDRESS_NO_PORT`: a socket bound to an address with port 0 gets its port at
+/// `connect(2)`, where the kernel only needs the 4-tuple to be unique. Bound at `bind(2)`
+/// (the default), the port must be free for every destination, so a proxy that binds
+/// connections to clients' addresses runs out of ports under a high connection rate.
+pub(crate) fn set_bind_address_no_port(sock: &Socket) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    // SAFETY: a valid open socket fd and a pointer to a c_int of the given size.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(sock),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            std::ptr::from_ref(&one).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 pub(crate) fn original_dst(sock: &socket2::SockRef<'_>) -> io::Result<std::net::SocketAddr> {
     let v4 = sock.original_dst_v4();
     let addr = match v4 {

@@ -176,6 +176,13 @@ pub trait SocketFactory: std::fmt::Debug + Send + Sync {
     ) -> Result<Socket, SocketError> {
         let sock = configured(self, remote, Type::STREAM, Protocol::TCP, opts)?;
         if let Some(local) = local {
+            if local.port() == 0 {
+                // Choose the port at connect time (per 4-tuple), not at bind time.
+                imp::set_bind_address_no_port(&sock).map_err(|source| SocketError::Option {
+                    option: "IP_BIND_ADDRESS_NO_PORT",
+                    source,
+                })?;
+            }
             bind(&sock, local)?;
         }
         Ok(sock)

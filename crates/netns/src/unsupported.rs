@@ -38,6 +38,10 @@ pub(crate) fn set_pre_exec(_cmd: &mut Command, _fd: OwnedFd) -> Result<(), Netns
     Err(NetnsError::Unsupported)
 }
 
+pub(crate) fn set_bind_address_no_port(_sock: &Socket) -> std::io::Result<()> {
+    Ok(())
+}
+
 pub(crate) fn apply_options(
     _sock: &Socket,
     _ipv6: bool,

@@ -374,3 +374,38 @@ async fn connect_tcp_from_a_tokio_worker_lands_in_the_namespace() {
         "the worker thread stays in its namespace"
     );
 }
+
+/// A connecting socket bound to an address with port 0 gets its port at connect time
+/// (IP_BIND_ADDRESS_NO_PORT: unique per 4-tuple, so source-preserving proxies do not run
+/// out of ports); an explicit port is bound at once.
+#[tokio::test]
+async fn source_bound_sockets_pick_their_port_at_connect() {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listener");
+    let remote = listener.local_addr().expect("addr");
+    let fixed = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    // (local port asked for, port bound before connect: None = deferred)
+    for (asked, bound) in [(0, None), (fixed, Some(fixed))] {
+        let local = SocketAddr::from((Ipv4Addr::LOCALHOST, asked));
+        let sock = DefaultSocketFactory
+            .new_tcp_stream_socket(remote, Some(local), &SocketOptions::default())
+            .expect("socket");
+        let before = sock
+            .local_addr()
+            .expect("local")
+            .as_socket()
+            .expect("inet")
+            .port();
+        assert_eq!((before != 0).then_some(before), bound, "asked {asked}");
+        let stream = tokio::net::TcpSocket::from_std_stream(sock.into())
+            .connect(remote)
+            .await
+            .expect("connect");
+        let after = stream.local_addr().expect("local").port();
+        assert_ne!(after, 0, "asked {asked}");
+        let (_, peer) = listener.accept().expect("accept");
+        assert_eq!(peer.port(), after, "asked {asked}");
+    }
+}
