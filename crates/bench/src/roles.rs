@@ -9,17 +9,12 @@
 
 use std::io::{BufRead, Read, Write};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ambit_agent::pods::{LocalPodSource, Namespace, Pod, PodPhase};
-use ambit_control::objects::ObjectSet;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinSet;
-
-/// The pod-netns annotation `ambit cni-agent --pods` honours (crates/cli/src/agent.rs).
-const NETNS_ANNOTATION: &str = "ambit.io/netns";
 
 /// Same as `ambit ztunnel` (crates/cli/src/ztunnel.rs): environment → config → run.
 pub fn ztunnel() -> ExitCode {
@@ -71,11 +66,14 @@ pub fn cni_agent(pods: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let source = LocalPodSource::new();
-    if let Err(e) = load_pods(pods, &cfg.node_name, &source) {
-        eprintln!("pods: {e}");
-        return ExitCode::from(2);
-    }
+    // The embedded mesh's manifest-fed pod source, as `ambit cni-agent --pods` uses.
+    let source = match ambit_mesh::pod_source::start(pods, &cfg.node_name, None) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("pods: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -94,59 +92,6 @@ pub fn cni_agent(pods: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn load_pods(dir: &Path, node: &str, source: &LocalPodSource) -> Result<(), String> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .collect();
-    entries.sort();
-    let mut set = ObjectSet::new();
-    for path in entries {
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let name = path.display().to_string();
-        for obj in
-            ambit_control::objects::load_documents(&name, &text).map_err(|e| e.to_string())?
-        {
-            set.insert(obj).map_err(|e| e.to_string())?;
-        }
-    }
-    for obj in &set.namespaces {
-        source.upsert_namespace(Namespace {
-            name: obj.metadata.name.clone(),
-            labels: obj.metadata.labels.clone(),
-        });
-    }
-    for pod in &set.pods {
-        if !node.is_empty() && pod.spec.node_name != node {
-            continue;
-        }
-        source.upsert_pod(Pod {
-            name: pod.metadata.name.clone(),
-            namespace: pod.metadata.namespace.clone(),
-            uid: pod.metadata.uid.clone(),
-            labels: pod.metadata.labels.clone(),
-            annotations: pod.metadata.annotations.clone(),
-            service_account: pod.spec.service_account_name.clone(),
-            node: pod.spec.node_name.clone(),
-            ips: pod.ips(),
-            phase: if pod.is_terminal() {
-                PodPhase::Failed
-            } else {
-                PodPhase::Running
-            },
-            host_network: pod.spec.host_network,
-            netns: pod
-                .metadata
-                .annotations
-                .get(NETNS_ANNOTATION)
-                .map(PathBuf::from),
-        });
-    }
-    Ok(())
 }
 
 /// Opens `count` connections to `dst` (from the network namespace it was started in), each

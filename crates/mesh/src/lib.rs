@@ -18,6 +18,7 @@
 //! | [`ztunnel_config`] | a ztunnel's `/config_dump` and its tables |
 //! | [`apply`] | `ambit apply -f` / `delete -f` on a running mesh ([`Mesh::apply`]) |
 //! | [`api`] | the orchestrator's request socket `api.sock` (server and client) |
+//! | [`pod_source`] | the node agents' pod source: a watched manifest directory, annotations to files |
 //! | [`restart`] | running a node's ztunnel or agent again from its recorded command |
 //! | `probe` | TCP/HTTP from inside a namespace |
 //!
@@ -36,6 +37,7 @@ pub mod down;
 pub mod exec;
 pub mod logs;
 pub mod manifests;
+pub mod pod_source;
 mod probe;
 pub mod process;
 pub mod restart;
