@@ -144,41 +144,16 @@ impl Mesh {
 
     fn commit(&mut self, next: Manifests, progress: &dyn Fn(&str)) -> Result<(), ApplyError> {
         let diff = self.check(&next)?;
-        // 1. Namespaces for new pods, before anyone reads their addresses.
-        for plan in &diff.added {
-            let topo = self.topology.as_mut().ok_or(UpError::Cancelled)?;
-            let tp = topo
-                .add_pod(&plan.node, &plan.topology_name)
-                .map_err(UpError::from)?;
-            let (ip, netns) = (tp.ip(), tp.netns_path());
-            let workdir = self.run.pod(&plan.topology_name);
-            std::fs::create_dir_all(&workdir).map_err(io_err(&workdir))?;
-            self.pod_status.insert(
-                plan.key(),
-                PodStatus {
-                    ip: Some(ip),
-                    enrolled: false,
-                    netns: Some(netns.display().to_string()),
-                },
-            );
-            self.state.pods.push(PodState {
-                namespace: plan.namespace.clone(),
-                name: plan.name.clone(),
-                node: plan.node.clone(),
-                ip,
-                netns,
-                ambient: plan.ambient,
-                enrolled: false,
-                created: false,
-                argv: plan.argv.clone(),
-                env: plan.env.clone(),
-                workdir,
-            });
-            progress(&format!(
-                "pod {} on {}: network at {ip}",
-                plan.key(),
-                plan.node
-            ));
+        // 1. Namespaces for new pods, before anyone reads their addresses. A failure here
+        //    (e.g. a node's address range is full) undoes every one made: nothing
+        //    else has changed yet.
+        for (k, plan) in diff.added.iter().enumerate() {
+            if let Err(e) = self.add_pod_network(plan, progress) {
+                for done in &diff.added[..=k] {
+                    self.forget_pod_network(done);
+                }
+                return Err(e);
+            }
         }
         self.run.save(&self.state).map_err(UpError::from)?;
         // 2. What the control plane and the agents read.
@@ -218,6 +193,60 @@ impl Mesh {
         }
         self.run.save(&self.state).map_err(UpError::from)?;
         Ok(())
+    }
+
+    /// Creates the pod's namespace and records it (not yet created through CNI).
+    fn add_pod_network(
+        &mut self,
+        plan: &PodPlan,
+        progress: &dyn Fn(&str),
+    ) -> Result<(), ApplyError> {
+        let topo = self.topology.as_mut().ok_or(UpError::Cancelled)?;
+        let tp = topo
+            .add_pod(&plan.node, &plan.topology_name)
+            .map_err(UpError::from)?;
+        let (ip, netns) = (tp.ip(), tp.netns_path());
+        let workdir = self.run.pod(&plan.topology_name);
+        std::fs::create_dir_all(&workdir).map_err(io_err(&workdir))?;
+        self.pod_status.insert(
+            plan.key(),
+            PodStatus {
+                ip: Some(ip),
+                enrolled: false,
+                netns: Some(netns.display().to_string()),
+            },
+        );
+        self.state.pods.push(PodState {
+            namespace: plan.namespace.clone(),
+            name: plan.name.clone(),
+            node: plan.node.clone(),
+            ip,
+            netns,
+            ambient: plan.ambient,
+            enrolled: false,
+            created: false,
+            argv: plan.argv.clone(),
+            env: plan.env.clone(),
+            workdir,
+        });
+        progress(&format!(
+            "pod {} on {}: network at {ip}",
+            plan.key(),
+            plan.node
+        ));
+        Ok(())
+    }
+
+    /// Undoes [`Self::add_pod_network`].
+    fn forget_pod_network(&mut self, plan: &PodPlan) {
+        if let Some(t) = self.topology.as_mut() {
+            let _ = t.remove_pod(&plan.topology_name);
+        }
+        let _ = std::fs::remove_dir_all(self.run.pod(&plan.topology_name));
+        self.pod_status.remove(&plan.key());
+        if let Some(i) = self.pod_index(&plan.key()) {
+            self.state.pods.remove(i);
+        }
     }
 
     fn pod_index(&self, key: &str) -> Option<usize> {
