@@ -275,12 +275,27 @@ fn serve(sock: &OwnedFd, shared: &Mutex<Shared>) {
     st.listeners.clear();
 }
 
+/// Binds the ztunnel ports in `netns`. A port can stay busy for a moment after the
+/// previous listener closed (a process forked elsewhere in the test holds the descriptor
+/// until its exec), so "address in use" is retried for up to a second, as a real ztunnel
+/// retries its binds.
 fn bind_ports(netns: &NetnsFd) -> io::Result<Vec<TcpListener>> {
-    in_netns(netns, || {
-        ZTUNNEL_PORTS
-            .iter()
-            .map(|p| TcpListener::bind(("0.0.0.0", *p)))
-            .collect::<io::Result<Vec<_>>>()
-    })
-    .map_err(io::Error::other)?
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        let result = in_netns(netns, || {
+            ZTUNNEL_PORTS
+                .iter()
+                .map(|p| TcpListener::bind(("0.0.0.0", *p)))
+                .collect::<io::Result<Vec<_>>>()
+        })
+        .map_err(io::Error::other)?;
+        match result {
+            Err(e)
+                if e.kind() == io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
 }
