@@ -34,6 +34,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
 use crate::enrol::{EnablementSelector, LabelSelector};
@@ -459,7 +460,7 @@ pub fn render_kubeconfig(api: &KubeApi) -> Result<String, String> {
         let data = fs::read(&ca).map_err(|e| format!("reading CA {}: {e}", ca.display()))?;
         cluster.insert(
             "certificate-authority-data".into(),
-            Value::from(base64(&data)),
+            Value::from(base64::engine::general_purpose::STANDARD.encode(&data)),
         );
     }
     let cfg = json!({
@@ -475,47 +476,9 @@ pub fn render_kubeconfig(api: &KubeApi) -> Result<String, String> {
     serde_norway::to_string(&cfg).map_err(|e| e.to_string())
 }
 
-/// Standard base64 with padding (the kubeconfig's `certificate-authority-data`).
-fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for (i, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_rfc4648_vectors() {
-        let cases = [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("fooba", "Zm9vYmE="),
-            ("foobar", "Zm9vYmFy"),
-        ];
-        for (input, want) in cases {
-            assert_eq!(base64(input.as_bytes()), want, "{input:?}");
-        }
-    }
 
     #[test]
     fn entry_has_upstream_keys_and_selector_shape() {
