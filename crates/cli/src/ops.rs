@@ -86,26 +86,29 @@ pub fn apply(args: ApplyArgs, op: ambit_mesh::api::Op) -> ExitCode {
         node: None,
     };
     match ambit_mesh::api::request(&run, &req) {
-        Ok(resp) => {
-            for line in &resp.lines {
-                say(line);
-            }
-            if resp.ok {
-                return ExitCode::SUCCESS;
-            }
-            eprintln!(
-                "error: {}",
-                resp.error
-                    .as_deref()
-                    .unwrap_or("the orchestrator refused the request")
-            );
-            ExitCode::FAILURE
-        }
+        Ok(resp) => answered(&resp, "error"),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints the orchestrator's answer; its exit code.
+fn answered(resp: &ambit_mesh::api::Response, prefix: &str) -> ExitCode {
+    for line in &resp.lines {
+        say(line);
+    }
+    if resp.ok {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!(
+        "{prefix}: {}",
+        resp.error
+            .as_deref()
+            .unwrap_or("the orchestrator refused the request")
+    );
+    ExitCode::FAILURE
 }
 
 #[derive(Debug, clap::Args)]
@@ -264,19 +267,7 @@ pub fn restart(args: RestartArgs) -> ExitCode {
             node: Some(args.node.clone()),
         };
         match ambit_mesh::api::request(&run, &req) {
-            Ok(resp) => {
-                for line in &resp.lines {
-                    say(line);
-                }
-                if resp.ok {
-                    return ExitCode::SUCCESS;
-                }
-                eprintln!(
-                    "ambit restart: {}",
-                    resp.error.as_deref().unwrap_or("refused")
-                );
-                return ExitCode::FAILURE;
-            }
+            Ok(resp) => return answered(&resp, "ambit restart"),
             Err(ambit_mesh::api::ApiError::Connect { .. }) => {
                 say(
                     "no orchestrator answers: stopping the old ztunnel before starting the new one",

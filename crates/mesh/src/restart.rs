@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use ambit_netns::{NetnsFd, set_command_netns};
 
 use crate::process::{self, ProcessError};
-use crate::state::{Role, RunDir, StateError, ZtunnelPod};
+use crate::state::{CommandSpec, MeshState, ProcessRecord, Role, RunDir, StateError, ZtunnelPod};
 use crate::up::{Mesh, UpError, ZTUNNEL_READY_PORT, ztunnel_pod_name};
 
 /// Which node component.
@@ -104,16 +104,7 @@ pub fn restart(
             node: node.to_owned(),
         },
     };
-    let old = state
-        .processes
-        .iter()
-        .rev()
-        .find(|p| p.role == role && p.command.is_some())
-        .cloned()
-        .ok_or_else(|| RestartError::NotRecorded { role: role.clone() })?;
-    let (Some(spec), Some(log)) = (old.command.clone(), old.log.clone()) else {
-        return Err(RestartError::NotRecorded { role });
-    };
+    let (old, spec, log) = recorded(&state, &role)?;
     let old_pid = process::is_alive(&old).then_some(old.pid);
     let left = process::stop_all(std::slice::from_ref(&old), Duration::from_secs(10), || {});
     if !left.is_empty() {
@@ -162,6 +153,26 @@ pub fn restart(
     }
 }
 
+/// The newest recorded process of `role` with the command that started it and its log.
+fn recorded(
+    state: &MeshState,
+    role: &Role,
+) -> Result<(ProcessRecord, CommandSpec, std::path::PathBuf), RestartError> {
+    let old = state
+        .processes
+        .iter()
+        .rev()
+        .find(|p| &p.role == role && p.command.is_some())
+        .cloned();
+    match old {
+        Some(old) => match (old.command.clone(), old.log.clone()) {
+            (Some(spec), Some(log)) => Ok((old, spec, log)),
+            _ => Err(RestartError::NotRecorded { role: role.clone() }),
+        },
+        None => Err(RestartError::NotRecorded { role: role.clone() }),
+    }
+}
+
 impl Mesh {
     /// Replaces `node`'s ztunnel with an overlap (see the module documentation); the new
     /// one is ready before the old one is told to stop.
@@ -183,17 +194,7 @@ impl Mesh {
         let role = Role::Ztunnel {
             node: node.to_owned(),
         };
-        let old = self
-            .state
-            .processes
-            .iter()
-            .rev()
-            .find(|p| p.role == role && p.command.is_some())
-            .cloned()
-            .ok_or_else(|| RestartError::NotRecorded { role: role.clone() })?;
-        let (Some(spec), Some(log)) = (old.command.clone(), old.log.clone()) else {
-            return Err(RestartError::NotRecorded { role });
-        };
+        let (old, spec, log) = recorded(&self.state, &role)?;
         let old_pod = self.state.nodes[ni].ztunnel.clone();
         let generation = old_pod.as_ref().map_or(1, |z| z.generation) + 1;
         let name = ztunnel_pod_name(node, generation);
