@@ -4,138 +4,21 @@
 //! still flowing through the new ztunnel, then `ambit down` leaving no process behind.
 //! Needs root (network namespaces).
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const AMBIT: &str = env!("CARGO_BIN_EXE_ambit");
+#[path = "support/embedded.rs"]
+mod embedded;
+use embedded::*;
 
-fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/basic")
+/// The harness waits for `ready`, so traffic is expected to work.
+fn eventually_ok(run: &std::path::Path, pod: &str, url: &str) {
+    eventually_get(run, pod, url, true);
 }
 
-fn ambit(run: &Path, args: &[&str]) -> Output {
-    Command::new(AMBIT)
-        .args(args)
-        .arg("--run-dir")
-        .arg(run)
-        .output()
-        .expect("run ambit")
-}
-
-fn up_state(run: &Path) -> serde_json::Value {
+fn up_state(run: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(run.join("state.json")).expect("state.json"))
         .expect("state json")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `ambit up` in the background; killed and the mesh removed on drop.
-struct Up {
-    child: Child,
-    run: PathBuf,
-    /// Kept so `up`'s stdout stays open (it must not die of a broken pipe).
-    _lines: mpsc::Receiver<String>,
-}
-
-impl Up {
-    fn start(run: &Path) -> Up {
-        let mut child = Command::new(AMBIT)
-            .arg("up")
-            .arg(example())
-            .arg("--run-dir")
-            .arg(run)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn ambit up");
-        let (tx, rx) = mpsc::channel();
-        let out = child.stdout.take().expect("stdout");
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut seen = Vec::new();
-        loop {
-            match rx.recv_timeout(Duration::from_millis(500)) {
-                Ok(l) if l == "ready" => {
-                    return Up {
-                        child,
-                        run: run.to_path_buf(),
-                        _lines: rx,
-                    };
-                }
-                Ok(l) => seen.push(l),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    panic!("ambit up exited:\n{}", seen.join("\n"))
-                }
-            }
-            assert!(Instant::now() < deadline, "not ready:\n{}", seen.join("\n"));
-        }
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = ambit(&self.run, &["down"]);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// An HTTP GET from a pod: "200" or an error text.
-fn get(run: &Path, pod: &str, url: &str) -> String {
-    let script = "import sys, urllib.request\ntry:\n    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)\nexcept Exception as e:\n    print('ERR', e)";
-    let out = Command::new(AMBIT)
-        .args(["exec", "--run-dir"])
-        .arg(run)
-        .args([pod, "--", "python3", "-c", script, url])
-        .output()
-        .expect("ambit exec");
-    stdout(&out).trim().to_owned()
-}
-
-fn eventually_ok(run: &Path, pod: &str, url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = get(run, pod, url);
-        if got == "200" {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{pod} → {url}: {got}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn alive(pid: u64) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, r)| r.split_whitespace().next())
-        .unwrap_or("");
-    !stat.is_empty() && state != "Z" && state != "X"
-}
-
-fn ztunnel_pids(run: &Path, node: &str) -> Vec<u64> {
-    let text = std::fs::read_to_string(run.join("state.json")).expect("state.json");
-    let state: serde_json::Value = serde_json::from_str(&text).unwrap();
-    state["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["role"] == "ztunnel" && p["node"] == node)
-        .filter_map(|p| p["pid"].as_u64())
-        .collect()
 }
 
 #[test]
@@ -173,7 +56,8 @@ fn logs_ztunnel_config_restart() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    let mut up = Up::start(&run);
+    let mut up = Up::start(&example(), &run);
+    up.wait_ready();
     // Enrolment reaches the ztunnels through xDS shortly after `ready`.
     let url = "http://server.demo.svc.cluster.local/";
     eventually_ok(&run, "client", url);

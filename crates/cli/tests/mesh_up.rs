@@ -6,229 +6,13 @@
 //! was SIGKILLed or interrupted with Ctrl-C while starting — and bad manifests refused
 //! (naming file and document) without creating anything. Needs root (network namespaces).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const AMBIT: &str = env!("CARGO_BIN_EXE_ambit");
-const UP_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/basic")
-}
-
-fn ambit(run: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(AMBIT);
-    cmd.args(args).arg("--run-dir").arg(run);
-    cmd.output().expect("run ambit")
-}
-
-/// `ambit up` in the background; killed (and the mesh removed) on drop if the test fails.
-struct Up {
-    child: Child,
-    run: PathBuf,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-    /// Run `ambit down` on drop (off once another `up` owns the run directory).
-    down_on_drop: bool,
-}
-
-impl Up {
-    fn start(dir: &Path, run: &Path) -> Up {
-        let mut child = Command::new(AMBIT)
-            .arg("up")
-            .arg(dir)
-            .arg("--run-dir")
-            .arg(run)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn ambit up");
-        let (tx, lines) = mpsc::channel();
-        for stream in [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        Up {
-            child,
-            run: run.to_path_buf(),
-            lines,
-            seen: Vec::new(),
-            down_on_drop: true,
-        }
-    }
-
-    /// Waits for the `ready` line; fails with everything `up` printed and its logs.
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + UP_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self
-                .lines
-                .recv_timeout(left.min(Duration::from_millis(500)))
-            {
-                Ok(line) => {
-                    let ready = line == "ready";
-                    self.seen.push(line);
-                    if ready {
-                        return;
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    panic!("ambit up exited early:\n{}", self.seen.join("\n"))
-                }
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                // Drain what is left before failing.
-                while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
-                    self.seen.push(l);
-                }
-                panic!("ambit up exited ({status}):\n{}", self.seen.join("\n"));
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ambit up not ready after {UP_TIMEOUT:?}:\n{}\n{}",
-                self.seen.join("\n"),
-                logs(&self.run)
-            );
-        }
-    }
-
-    fn state(&self) -> serde_json::Value {
-        let text = std::fs::read_to_string(self.run.join("state.json")).expect("state.json");
-        serde_json::from_str(&text).expect("state json")
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if self.down_on_drop {
-            let _ = ambit(&self.run, &["down"]);
-        }
-    }
-}
-
-fn logs(run: &Path) -> String {
-    let mut out = String::new();
-    if let Ok(dir) = std::fs::read_dir(run.join("logs")) {
-        for e in dir.flatten() {
-            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(20).collect();
-            out += &format!("--- {}\n", e.path().display());
-            for l in tail.into_iter().rev() {
-                out += l;
-                out += "\n";
-            }
-        }
-    }
-    out
-}
-
-/// What a recorded mesh left behind: namespaces of its prefix, live processes, files.
-fn leftovers(prefix: &str, pids: &[u32], run: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let l = ambit_topology::leftovers(prefix).expect("leftovers");
-    if !l.is_empty() {
-        out.push(format!("namespaces {l:?}"));
-    }
-    for pid in pids {
-        // A zombie (exited, not yet reaped by whoever inherited it) is not running.
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().next())
-            .unwrap_or("");
-        if !stat.is_empty() && state != "Z" && state != "X" {
-            out.push(format!("process {pid}: {stat}"));
-        }
-    }
-    for entry in walk(run) {
-        let is_log = entry.starts_with(run.join("logs"));
-        if !is_log {
-            out.push(format!("file {}", entry.display()));
-        }
-    }
-    out
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            }
-            out.push(p);
-        }
-    }
-    out
-}
-
-fn recorded(state: &serde_json::Value) -> (String, Vec<u32>) {
-    let prefix = state["prefix"].as_str().expect("prefix").to_owned();
-    let pids = state["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .filter_map(|p| p["pid"].as_u64())
-        .filter_map(|p| u32::try_from(p).ok())
-        .collect();
-    (prefix, pids)
-}
-
-/// An HTTP GET from a pod through `ambit exec`: "200" or an error text.
-fn get(run: &Path, pod: &str, url: &str) -> String {
-    let script = "import sys, urllib.request\ntry:\n    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)\nexcept Exception as e:\n    print('ERR', e)";
-    let out = Command::new(AMBIT)
-        .args(["exec", "--run-dir"])
-        .arg(run)
-        .args([pod, "--", "python3", "-c", script, url])
-        .output()
-        .expect("ambit exec");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-fn eventually_get(run: &Path, pod: &str, url: &str, want_ok: bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = get(run, pod, url);
-        if (got == "200") == want_ok {
-            return got;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{pod} → {url}: got {got:?}, wanted {}\n{}",
-            if want_ok { "200" } else { "an error" },
-            logs(run)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+#[path = "support/embedded.rs"]
+mod embedded;
+use embedded::*;
 
 #[test]
 fn up_status_exec_down() {
@@ -290,17 +74,11 @@ fn up_status_exec_down() {
 
     let out = ambit(&run, &["down"]);
     assert!(out.status.success(), "{out:?}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Ok(Some(s)) = up.child.try_wait() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ambit up did not exit after down"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_exit(
+        &mut up.child,
+        Duration::from_secs(30),
+        "ambit up did not exit after down",
+    );
     assert!(status.success(), "up exit status {status}");
     let left = leftovers(&prefix, &pids, &run);
     assert!(left.is_empty(), "left behind: {left:#?}");
@@ -405,41 +183,6 @@ fn bad_manifests_are_refused_before_anything_is_created() {
         }
         assert!(!run.join("state.json").exists(), "{name}: state written");
     }
-}
-
-/// `ambit apply|delete -f -` with `text` on stdin.
-fn apply(run: &Path, op: &str, text: &str) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(AMBIT)
-        .args([op, "-f", "-", "--run-dir"])
-        .arg(run)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ambit apply");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("ambit apply output")
-}
-
-fn status_json(run: &Path) -> serde_json::Value {
-    let out = ambit(run, &["status", "-o", "json"]);
-    assert!(out.status.success(), "{out:?}");
-    serde_json::from_slice(&out.stdout).expect("status json")
-}
-
-fn pod_status(run: &Path, name: &str) -> Option<serde_json::Value> {
-    status_json(run)["pods"]
-        .as_array()
-        .expect("pods array")
-        .iter()
-        .find(|p| p["name"] == name)
-        .cloned()
 }
 
 const NEWCOMER: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: newcomer\n  namespace: demo\n  labels: {app: newcomer, istio.io/dataplane-mode: LABEL}\nspec:\n  nodeName: node1\n  serviceAccountName: newcomer\n  containers:\n  - name: http\n    command: [python3, -m, http.server, \"8080\", --bind, 0.0.0.0]\n";
@@ -605,14 +348,11 @@ fn ctrl_c_while_starting_removes_everything() {
         .status()
         .expect("kill");
     assert!(kill.success());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Ok(Some(s)) = up.child.try_wait() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "ambit up ignored Ctrl-C");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_exit(
+        &mut up.child,
+        Duration::from_secs(60),
+        "ambit up ignored Ctrl-C",
+    );
     assert!(
         !status.success(),
         "an interrupted start is a failure: {status}"
