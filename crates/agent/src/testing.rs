@@ -299,3 +299,29 @@ fn bind_ports(netns: &NetnsFd) -> io::Result<Vec<TcpListener>> {
         }
     }
 }
+
+/// Runs the CNI plugin's ADD in-process as a runtime would call it for pod `demo/NAME`
+/// (CNI_* environment, a config pointing at the agent's `run_dir`, a prevResult holding
+/// `ip`): the exit code and the plugin's output.
+pub fn cni_add(run_dir: &Path, netns: &Path, name: &str, ip: std::net::IpAddr) -> (i32, String) {
+    let env: Vec<(String, String)> = [
+        ("CNI_COMMAND", "ADD".to_string()),
+        ("CNI_CONTAINERID", format!("c-{name}")),
+        ("CNI_NETNS", netns.display().to_string()),
+        ("CNI_IFNAME", "eth0".into()),
+        (
+            "CNI_ARGS",
+            format!("K8S_POD_NAMESPACE=demo;K8S_POD_NAME={name}"),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "istio-cni", "type": "istio-cni",
+        "cni_agent_run_dir": run_dir, "ambient_enabled": true,
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": format!("{ip}/32")}]},
+    });
+    let (code, out) = crate::plugin_main(&env, conf.to_string().as_bytes());
+    (code, String::from_utf8_lossy(&out).into_owned())
+}

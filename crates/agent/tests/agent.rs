@@ -5,13 +5,14 @@
 
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
+use ambit_agent::testing::cni_add;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
 use ambit_agent::pods::{Namespace, Pod, PodPhase};
 use ambit_agent::testing::{FakeZtunnel, Seen};
-use ambit_agent::{AgentConfig, LocalPodSource, plugin_main};
+use ambit_agent::{AgentConfig, LocalPodSource};
 use ambit_netns::testing::netns_capable_or_skip;
 use ambit_topology::Topology;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -41,34 +42,6 @@ fn pod(name: &str, ip: IpAddr, netns: Option<std::path::PathBuf>) -> Pod {
         netns,
         ..Pod::default()
     }
-}
-
-fn cni_add(
-    run_dir: &std::path::Path,
-    netns: &std::path::Path,
-    name: &str,
-    ip: IpAddr,
-) -> (i32, String) {
-    let env: Vec<(String, String)> = [
-        ("CNI_COMMAND", "ADD".to_string()),
-        ("CNI_CONTAINERID", format!("c-{name}")),
-        ("CNI_NETNS", netns.display().to_string()),
-        ("CNI_IFNAME", "eth0".into()),
-        (
-            "CNI_ARGS",
-            format!("K8S_POD_NAMESPACE=demo;K8S_POD_NAME={name}"),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0", "name": "istio-cni", "type": "istio-cni",
-        "cni_agent_run_dir": run_dir, "ambient_enabled": true,
-        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": format!("{ip}/32")}]},
-    });
-    let (code, out) = plugin_main(&env, &serde_json::to_vec(&conf).unwrap());
-    (code, String::from_utf8_lossy(&out).into_owned())
 }
 
 fn save_nat(topo: &Topology, ns: &str) -> String {

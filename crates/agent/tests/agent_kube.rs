@@ -5,13 +5,13 @@
 
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
+use ambit_agent::testing::cni_add;
 use std::net::IpAddr;
-use std::path::Path;
 use std::time::Duration;
 
+use ambit_agent::AgentConfig;
 use ambit_agent::pods::kube::KubePodSource;
 use ambit_agent::testing::{FakeZtunnel, Seen};
-use ambit_agent::{AgentConfig, plugin_main};
 use ambit_kubeapi::testing::{FakeApiServer, Route};
 use ambit_kubeapi::{Client, serde_json};
 use ambit_netns::testing::netns_capable_or_skip;
@@ -32,29 +32,6 @@ async fn poll(mut f: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     f()
-}
-
-fn cni_add(run_dir: &Path, netns: &Path, name: &str, ip: IpAddr) -> (i32, String) {
-    let env: Vec<(String, String)> = [
-        ("CNI_COMMAND", "ADD".to_string()),
-        ("CNI_CONTAINERID", format!("c-{name}")),
-        ("CNI_NETNS", netns.display().to_string()),
-        ("CNI_IFNAME", "eth0".into()),
-        (
-            "CNI_ARGS",
-            format!("K8S_POD_NAMESPACE=demo;K8S_POD_NAME={name}"),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let conf = json!({
-        "cniVersion": "1.0.0", "name": "istio-cni", "type": "istio-cni",
-        "cni_agent_run_dir": run_dir, "ambient_enabled": true,
-        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": format!("{ip}/32")}]},
-    });
-    let (code, out) = plugin_main(&env, &serde_json::to_vec(&conf).unwrap());
-    (code, String::from_utf8_lossy(&out).into_owned())
 }
 
 fn annotation(server: &FakeApiServer, name: &str) -> Option<String> {

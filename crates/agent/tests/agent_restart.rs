@@ -9,6 +9,7 @@
 
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
+use ambit_agent::testing::cni_add;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,7 @@ use ambit_agent::plugin::install_conflist;
 use ambit_agent::pods::{Namespace, Pod, PodPhase};
 use ambit_agent::shutdown::{AlwaysUpgrade, ShutdownKind, check_for};
 use ambit_agent::testing::{FakeZtunnel, Seen};
-use ambit_agent::{AgentConfig, LocalPodSource, plugin_main};
+use ambit_agent::{AgentConfig, LocalPodSource};
 use ambit_netns::testing::netns_capable_or_skip;
 use ambit_topology::Topology;
 
@@ -57,29 +58,6 @@ fn pod(name: &str, uid: &str, ip: IpAddr, ambient: bool) -> Pod {
         labels,
         ..Pod::default()
     }
-}
-
-fn cni_add(run_dir: &Path, netns: &Path, name: &str, ip: IpAddr) -> (i32, String) {
-    let env: Vec<(String, String)> = [
-        ("CNI_COMMAND", "ADD".to_string()),
-        ("CNI_CONTAINERID", format!("c-{name}")),
-        ("CNI_NETNS", netns.display().to_string()),
-        ("CNI_IFNAME", "eth0".into()),
-        (
-            "CNI_ARGS",
-            format!("K8S_POD_NAMESPACE=demo;K8S_POD_NAME={name}"),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0", "name": "istio-cni", "type": "istio-cni",
-        "cni_agent_run_dir": run_dir, "ambient_enabled": true,
-        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": format!("{ip}/32")}]},
-    });
-    let (code, out) = plugin_main(&env, &serde_json::to_vec(&conf).unwrap());
-    (code, String::from_utf8_lossy(&out).into_owned())
 }
 
 fn out(topo: &Topology, ns: &str, argv: &[&str]) -> String {

@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
+use ambit_agent::testing::cni_add;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -176,30 +177,6 @@ fn branch_eni_rules_follow_the_pod() {
     assert_eq!(rules(&topo, "n1"), before_n1);
 }
 
-fn cni_add(run_dir: &std::path::Path, netns: &std::path::Path, name: &str, ip: IpAddr) -> i32 {
-    let env: Vec<(String, String)> = [
-        ("CNI_COMMAND", "ADD".to_string()),
-        ("CNI_CONTAINERID", format!("c-{name}")),
-        ("CNI_NETNS", netns.display().to_string()),
-        ("CNI_IFNAME", "eth0".into()),
-        (
-            "CNI_ARGS",
-            format!("K8S_POD_NAMESPACE=demo;K8S_POD_NAME={name}"),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0", "name": "istio-cni", "type": "istio-cni",
-        "cni_agent_run_dir": run_dir, "ambient_enabled": true,
-        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": format!("{ip}/32")}]},
-    });
-    let (code, out) = ambit_agent::plugin_main(&env, &serde_json::to_vec(&conf).unwrap());
-    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out));
-    code
-}
-
 /// The agent calls the hooks: a CNI ADD of a branch-ENI pod adds the host rules, its
 /// un-enrolment removes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,7 +240,8 @@ async fn agent_adds_and_removes_branch_eni_rules() {
     let agent = ambit_agent::start(cfg, source.clone()).await.unwrap();
     let _zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
 
-    cni_add(&run_dir, &topo.pod("eni").netns_path(), "eni", ip);
+    let (code, out) = cni_add(&run_dir, &topo.pod("eni").netns_path(), "eni", ip);
+    assert_eq!(code, 0, "{out}");
     let now = rules(&topo, "n");
     assert!(now.contains(&forward) && now.contains(&ret), "{now}");
 
