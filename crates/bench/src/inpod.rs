@@ -111,14 +111,96 @@ pub fn pod_manifest(p: &PodInfo) -> String {
     )
 }
 
-/// One workload of upstream's local-config format (`LOCAL_XDS_PATH`).
-pub fn local_workload(p: &PodInfo, trust_domain: &str) -> String {
-    format!(
-        "- uid: cluster1//v1/Pod/{NAMESPACE}/{name}\n  name: {name}\n  namespace: {NAMESPACE}\n  serviceAccount: {name}\n  trustDomain: {trust_domain}\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: {node}\n  canonicalName: {name}\n  canonicalRevision: v1\n  workloadName: {name}\n  workloadType: deployment\n",
-        name = p.name,
-        ip = p.ip,
-        node = p.node,
-    )
+/// One workload of upstream's local-config file (`LOCAL_XDS_PATH`,
+/// `shared/spec/ztunnel.md` §4.4). Every key is one upstream's parser knows (camelCase,
+/// unknown keys rejected there); `services` is required by upstream on each workload, even
+/// when empty. The same keys are read back from each proxy's `/config_dump` after start
+/// ([`check_loaded`]), so a file a ztunnel misreads fails the run.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalWorkload {
+    uid: String,
+    name: String,
+    namespace: &'static str,
+    service_account: String,
+    trust_domain: String,
+    workload_ips: [String; 1],
+    protocol: &'static str,
+    node: String,
+    canonical_name: String,
+    canonical_revision: &'static str,
+    workload_name: String,
+    workload_type: &'static str,
+    /// `namespace/hostname` → {service port: target port}; none here.
+    services: std::collections::BTreeMap<String, std::collections::BTreeMap<u16, u16>>,
+}
+
+/// `pods` as HBONE workloads, each pod its own service account.
+pub fn local_workloads(pods: &[PodInfo], trust_domain: &str) -> Vec<LocalWorkload> {
+    pods.iter()
+        .map(|p| LocalWorkload {
+            uid: workload_uid(&p.name),
+            name: p.name.clone(),
+            namespace: NAMESPACE,
+            service_account: p.name.clone(),
+            trust_domain: trust_domain.to_string(),
+            workload_ips: [p.ip.to_string()],
+            protocol: "HBONE",
+            node: p.node.clone(),
+            canonical_name: p.name.clone(),
+            canonical_revision: "v1",
+            workload_name: p.name.clone(),
+            workload_type: "deployment",
+            services: Default::default(),
+        })
+        .collect()
+}
+
+/// The local-config file with `workloads` and no services or policies.
+pub fn local_config(workloads: &[LocalWorkload]) -> Result<String> {
+    #[derive(serde::Serialize)]
+    struct File<'a> {
+        workloads: &'a [LocalWorkload],
+        services: [(); 0],
+        policies: [(); 0],
+    }
+    serde_norway::to_string(&File {
+        workloads,
+        services: [],
+        policies: [],
+    })
+    .context("rendering the local config")
+}
+
+/// Checks that a ztunnel's `/config_dump` (JSON) holds every workload of the file with the
+/// values written there (the `services` map aside, which dumps differ in rendering).
+pub fn check_loaded(dump: &str, workloads: &[LocalWorkload]) -> Result<()> {
+    let dump: serde_json::Value = serde_json::from_str(dump).context("config_dump is not JSON")?;
+    let listed = dump["workloads"]
+        .as_array()
+        .context("config_dump has no workloads list")?;
+    for w in workloads {
+        let want = serde_json::to_value(w)?;
+        let got = listed
+            .iter()
+            .find(|d| d["uid"] == want["uid"])
+            .with_context(|| format!("workload {} not loaded", w.uid))?;
+        for (key, value) in want.as_object().into_iter().flatten() {
+            if key != "services" && &got[key] != value {
+                bail!(
+                    "workload {}: {key} loaded as {}, written as {value}",
+                    w.uid,
+                    got[key]
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The workload uid of pod `name` in the local config (upstream's `cluster//v1/Pod/ns/name`).
+pub fn workload_uid(name: &str) -> String {
+    format!("cluster1//v1/Pod/{NAMESPACE}/{name}")
 }
 
 /// The istio-cni network configuration with the primary CNI's result, as the container
@@ -227,6 +309,89 @@ mod tests {
             pods[3].netns,
             PathBuf::from("/var/run/netns/amtest~node2~x3")
         );
+    }
+
+    fn pods() -> Vec<PodInfo> {
+        ["client", "server"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| PodInfo {
+                name: name.to_string(),
+                node: format!("node{}", i + 1),
+                ip: Ipv4Addr::new(198, 19, 1 + i as u8, 2),
+                netns: PathBuf::from("/var/run/netns/x"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn local_config_is_upstreams_format() {
+        let workloads = local_workloads(&pods(), "cluster.local");
+        let text = local_config(&workloads).unwrap();
+        // Upstream refuses a workload without `services` ("missing field services").
+        let doc: serde_json::Value = serde_norway::from_str(&text).unwrap();
+        for w in doc["workloads"].as_array().unwrap() {
+            assert_eq!(w["services"], serde_json::json!({}), "{text}");
+        }
+        assert_eq!(doc["services"], serde_json::json!([]));
+        assert_eq!(doc["policies"], serde_json::json!([]));
+        // ambit's ztunnel reads the same file into the workloads meant.
+        let loaded = ambit_model::local::LocalConfig::from_yaml(&text).unwrap();
+        let ids: Vec<String> = loaded
+            .workloads
+            .iter()
+            .map(|w| format!("{} {:?}", w.identity(), w.addresses))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "spiffe://cluster.local/ns/default/sa/client [198.19.1.2]",
+                "spiffe://cluster.local/ns/default/sa/server [198.19.2.2]"
+            ]
+        );
+    }
+
+    #[test]
+    fn config_dump_must_hold_every_workload_as_written() {
+        let workloads = local_workloads(&pods(), "cluster.local");
+        let dumped: Vec<serde_json::Value> = workloads
+            .iter()
+            .map(|w| serde_json::to_value(w).unwrap())
+            .collect();
+        let edit = |f: &dyn Fn(&mut Vec<serde_json::Value>)| {
+            let mut d = dumped.clone();
+            f(&mut d);
+            serde_json::json!({ "workloads": d }).to_string()
+        };
+        let cases: [(&str, String, Option<&str>); 5] = [
+            ("as written", edit(&|_| {}), None),
+            (
+                "services rendered differently",
+                edit(&|d| d[0]["services"] = serde_json::json!([])),
+                None,
+            ),
+            (
+                "a workload missing",
+                edit(&|d| drop(d.pop())),
+                Some("server not loaded"),
+            ),
+            (
+                "a value changed",
+                edit(&|d| d[1]["workloadType"] = "pod".into()),
+                Some("workloadType loaded as \"pod\""),
+            ),
+            ("no list", "{}".into(), Some("no workloads list")),
+        ];
+        for (name, dump, want) in cases {
+            let got = check_loaded(&dump, &workloads);
+            match want {
+                None => assert!(got.is_ok(), "{name}: {got:?}"),
+                Some(w) => {
+                    let e = format!("{:#}", got.expect_err(name));
+                    assert!(e.contains(w), "{name}: {e}");
+                }
+            }
+        }
     }
 
     #[test]

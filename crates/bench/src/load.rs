@@ -334,14 +334,30 @@ pub fn latency(
     })
 }
 
-/// `concurrency` workers each looping {connect, 1-byte echo, close} for `duration`;
-/// returns completed connections per second. Any failed iteration fails the measurement.
+/// Completed connections of one connection-rate run.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnRate {
+    /// Connections that completed {connect, echo, close}.
+    pub connections: u64,
+    /// Length of the run.
+    pub seconds: f64,
+}
+
+impl ConnRate {
+    /// Connections per second.
+    pub fn rate(&self) -> f64 {
+        self.connections as f64 / self.seconds
+    }
+}
+
+/// `concurrency` workers each looping {connect, 1-byte echo, close} for `duration`.
+/// Any failed iteration fails the measurement (0 errors or no figure).
 pub async fn connection_rate(
     factory: Arc<NetnsSocketFactory>,
     dst: SocketAddr,
     concurrency: usize,
     duration: Duration,
-) -> Result<f64> {
+) -> Result<ConnRate> {
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + duration;
@@ -361,7 +377,10 @@ pub async fn connection_rate(
     while let Some(r) = workers.join_next().await {
         r.context("connection-rate worker")??;
     }
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+    Ok(ConnRate {
+        connections: done.load(Ordering::Relaxed),
+        seconds: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// The `ambit-bench idle-conns` child process holding idle connections open; killed (and

@@ -11,10 +11,11 @@
 //! nothing but this binary; `--ambit-bin` measures a built `ambit` instead. See
 //! BENCHMARKS.md.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
+use ambit_netns::testing;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
@@ -77,18 +78,26 @@ struct Args {
     rounds: Option<usize>,
     /// Scenarios to run, in order: baseline, ambit (in-pod mode: node agent + one shared
     /// ztunnel per node), ambit-dedicated (one dedicated-mode ztunnel per pod), foreign and
-    /// foreign-dedicated (the same with --ztunnel-bin). Default: baseline and ambit, plus
-    /// foreign with --ztunnel-bin.
+    /// foreign-dedicated (the same with the foreign ztunnel), ambit-to-foreign and
+    /// foreign-to-ambit (mixed fleets: the client's node runs the first, the server's the
+    /// second); "foreign" may be written as --ztunnel-name. Default: baseline and ambit,
+    /// plus foreign, ambit-to-foreign and foreign-to-ambit when there is a foreign ztunnel.
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
-    /// A foreign ztunnel binary (e.g. upstream's) for the "foreign" scenarios: started with
-    /// no arguments and upstream's environment variables, LOCAL_XDS_PATH config; in-pod
-    /// mode gets its pods from our node agent over ZDS.
+    /// A foreign ztunnel binary for the "foreign" scenarios (default: upstream's reference
+    /// binary when it is there): started with no arguments and upstream's environment
+    /// variables, LOCAL_XDS_PATH config; in-pod mode gets its pods from our node agent over
+    /// ZDS.
     #[arg(long, value_name = "PATH")]
     ztunnel_bin: Option<PathBuf>,
-    /// Name of the foreign scenario in the reports.
-    #[arg(long, default_value = "foreign")]
+    /// Name of the foreign scenarios in the reports; ratios are also given to the scenario
+    /// of this name.
+    #[arg(long, default_value = "upstream")]
     ztunnel_name: String,
+    /// Do not look for upstream's reference binary (default: AMBIT_UPSTREAM_ZTUNNEL, else
+    /// ../shared/reference/upstream-ztunnel/ztunnel beside the workspace).
+    #[arg(long, conflicts_with = "ztunnel_bin")]
+    no_upstream: bool,
     /// Run this `ambit` binary (`PATH ztunnel`, `PATH cni-agent`, `PATH cni-plugin`)
     /// instead of this binary's built-in copy of the same code.
     #[arg(long, value_name = "PATH")]
@@ -186,11 +195,14 @@ fn plan(args: &Args) -> Result<Plan> {
     Ok(plan)
 }
 
-fn kinds(args: &Args) -> Result<Vec<ScenarioKind>> {
+/// The scenarios of a run: `--scenarios`, or the default (baseline and ambit, plus the
+/// foreign ztunnel alone and both mixed fleets when there is one).
+fn kinds(args: &Args, foreign: Option<&Path>) -> Result<Vec<ScenarioKind>> {
+    let foreign_name = &args.ztunnel_name;
     let names: Vec<String> = if args.scenarios.is_empty() {
         let mut v = vec!["baseline".to_string(), "ambit".to_string()];
-        if args.ztunnel_bin.is_some() {
-            v.push("foreign".into());
+        if foreign.is_some() {
+            v.extend(["foreign", "ambit-to-foreign", "foreign-to-ambit"].map(String::from));
         }
         v
     } else {
@@ -198,29 +210,34 @@ fn kinds(args: &Args) -> Result<Vec<ScenarioKind>> {
     };
     // Absolute: the proxies start in a per-pod or per-node working directory.
     let absolute =
-        |p: &PathBuf| std::fs::canonicalize(p).with_context(|| format!("locating {}", p.display()));
+        |p: &Path| std::fs::canonicalize(p).with_context(|| format!("locating {}", p.display()));
     // The program for the ambit roles (`ztunnel`, `cni-agent`, `cni-plugin` subcommands).
     let ambit = match &args.ambit_bin {
         Some(p) => absolute(p)?,
         None => std::env::current_exe().context("locating this binary")?,
     };
     let own = ZtunnelCmd {
+        label: "ambit".into(),
         program: ambit.clone(),
         args: vec!["ztunnel".into()],
     };
     let foreign = || -> Result<ZtunnelCmd> {
-        match &args.ztunnel_bin {
+        match foreign {
             Some(p) => Ok(ZtunnelCmd {
+                label: foreign_name.clone(),
                 program: absolute(p)?,
                 args: Vec::new(),
             }),
-            None => bail!("the foreign scenarios need --ztunnel-bin PATH"),
+            None => bail!(
+                "the {foreign_name} scenarios need --ztunnel-bin PATH (or {})",
+                testing::UPSTREAM_ZTUNNEL_ENV
+            ),
         }
     };
     let workers = args.ztunnel_workers;
-    let in_pod = |name: String, ztunnel: ZtunnelCmd| ScenarioKind::InPod {
+    let in_pod = |name: String, client: ZtunnelCmd, server: ZtunnelCmd| ScenarioKind::InPod {
         name,
-        ztunnel,
+        ztunnels: [client, server],
         ambit: ambit.clone(),
         workers,
     };
@@ -229,25 +246,63 @@ fn kinds(args: &Args) -> Result<Vec<ScenarioKind>> {
         ztunnel,
         workers,
     };
-    let foreign_name = &args.ztunnel_name;
+    const KINDS: [&str; 7] = [
+        "baseline",
+        "ambit",
+        "ambit-dedicated",
+        "foreign",
+        "foreign-dedicated",
+        "ambit-to-foreign",
+        "foreign-to-ambit",
+    ];
     names
         .iter()
-        .map(|n| match n.as_str() {
-            "baseline" => Ok(ScenarioKind::Baseline),
-            "ambit" => Ok(in_pod(n.clone(), own.clone())),
-            "ambit-dedicated" => Ok(dedicated(n.clone(), own.clone())),
-            "foreign" => Ok(in_pod(foreign_name.clone(), foreign()?)),
-            "foreign-dedicated" => Ok(dedicated(format!("{foreign_name}-dedicated"), foreign()?)),
-            other => bail!(
-                "unknown scenario {other:?} (baseline, ambit, ambit-dedicated, foreign, foreign-dedicated)"
-            ),
+        .map(|n| {
+            // The foreign ztunnel's scenarios answer to their report names too
+            // ("upstream-to-ambit" as well as "foreign-to-ambit").
+            let generic = KINDS
+                .iter()
+                .find(|k| *k == n || k.replace("foreign", foreign_name) == *n)
+                .copied()
+                .unwrap_or_default();
+            let reported = generic.replace("foreign", foreign_name);
+            Ok(match generic {
+                "baseline" => ScenarioKind::Baseline,
+                "ambit" => in_pod(reported, own.clone(), own.clone()),
+                "ambit-dedicated" => dedicated(reported, own.clone()),
+                "foreign" => in_pod(reported, foreign()?, foreign()?),
+                "foreign-dedicated" => dedicated(reported, foreign()?),
+                "ambit-to-foreign" => in_pod(reported, own.clone(), foreign()?),
+                "foreign-to-ambit" => in_pod(reported, foreign()?, own.clone()),
+                _ => bail!(
+                    "unknown scenario {n:?} (baseline, ambit, ambit-dedicated, foreign, foreign-dedicated, ambit-to-foreign, foreign-to-ambit; \"foreign\" may be written {foreign_name:?})"
+                ),
+            })
         })
         .collect()
 }
 
 fn bench(args: Args) -> Result<()> {
     let plan = plan(&args)?;
-    let kinds = kinds(&args)?;
+    let foreign = match &args.ztunnel_bin {
+        Some(p) => Some(p.clone()),
+        None if args.no_upstream => None,
+        None => testing::upstream_ztunnel().map_err(anyhow::Error::msg)?,
+    };
+    match &foreign {
+        Some(p) => eprintln!("comparing with {} ({})", args.ztunnel_name, p.display()),
+        None if args.no_upstream => {}
+        None => eprintln!(
+            "no upstream ztunnel at {} (set {} or --ztunnel-bin): running without it",
+            testing::upstream_ztunnel_candidates()
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or "),
+            testing::UPSTREAM_ZTUNNEL_ENV
+        ),
+    }
+    let kinds = kinds(&args, foreign.as_deref())?;
     let date = report::now_rfc3339();
     let commit = commit();
     let loadavg_start = loadavg();
@@ -277,6 +332,9 @@ fn bench(args: Args) -> Result<()> {
         .collect();
     // Tear down before writing reports: nothing of ours stays running.
     drop(scenarios);
+    // Ratios to upstream divide by the foreign ztunnel's own in-pod scenario.
+    let reference = Some(args.ztunnel_name.clone()).filter(|n| names.iter().any(|(s, _)| s == n));
+    let scenarios = report::summarize(&names, &samples, reference.as_deref());
     let report = report::Report {
         tool: "ambit-bench",
         date,
@@ -293,8 +351,15 @@ fn bench(args: Args) -> Result<()> {
             loadavg_end: loadavg(),
         },
         params: serde_json::to_value(&plan)?,
-        metrics: report::catalogue(&plan.rates, plan.idle_conns, plan.enrolled_pods),
-        scenarios: report::summarize(&names, &samples),
+        upstream: reference.clone(),
+        metrics: report::catalogue(
+            &plan.rates,
+            &plan.conn_concurrency,
+            plan.idle_conns,
+            plan.enrolled_pods,
+        ),
+        aims: report::aims(&scenarios, &plan.rates, &plan.conn_concurrency),
+        scenarios,
     };
     print_table(&report);
     if let Some(path) = &args.json {
@@ -325,7 +390,10 @@ fn print_table(report: &report::Report) {
     for s in &report.scenarios {
         println!("  {}: {}", s.name, s.description);
     }
-    println!("medians; xN = ratio to baseline; (+N us) = added latency\n");
+    println!(
+        "medians; N/b = ratio to baseline, N/u = ratio to {}; latency: (+N us) added to the baseline's, N/u = ratio of added latencies\n",
+        report.upstream.as_deref().unwrap_or("upstream (not run)")
+    );
     print!("{}", report::table(report));
 }
 

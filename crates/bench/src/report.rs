@@ -77,8 +77,12 @@ pub fn throughput_key(streams: usize) -> String {
     format!("throughput_{streams}_streams_bps")
 }
 
-/// Connection rate key.
-pub const CONN_RATE: &str = "connection_rate_cps";
+/// Connection rate key by parallel client loops.
+pub fn conn_rate_key(clients: usize) -> String {
+    format!("connection_rate_{clients}_clients_cps")
+}
+/// Proxy CPU per completed connection (connection-rate runs).
+pub const CPU_PER_CONN: &str = "proxy_cpu_us_per_conn";
 /// Proxy RSS of freshly started proxies after one echo (sum over proxies).
 pub const RSS_IDLE: &str = "proxy_rss_idle_kib";
 /// Proxy RSS with the idle connections open (sum over proxies).
@@ -98,7 +102,12 @@ pub const ENROL_MS: &str = "cni_add_ms_per_pod";
 pub const CPU_PER_GB: &str = "proxy_cpu_seconds_per_gb";
 
 /// Every metric of a run, in report order.
-pub fn catalogue(rates: &[u32], idle_conns: usize, enrolled_pods: usize) -> Vec<MetricDef> {
+pub fn catalogue(
+    rates: &[u32],
+    conn_clients: &[usize],
+    idle_conns: usize,
+    enrolled_pods: usize,
+) -> Vec<MetricDef> {
     let mut v = Vec::new();
     for streams in [1, 4] {
         v.push(MetricDef {
@@ -131,7 +140,17 @@ pub fn catalogue(rates: &[u32], idle_conns: usize, enrolled_pods: usize) -> Vec<
             Better::Higher,
         ));
     }
-    v.push(def(CONN_RATE, "connection rate", "conn/s", Better::Higher));
+    for &n in conn_clients {
+        v.push(def(
+            conn_rate_key(n),
+            format!(
+                "connection rate, {n} client{}",
+                if n == 1 { "" } else { "s" }
+            ),
+            "conn/s",
+            Better::Higher,
+        ));
+    }
     let proxy = |d: MetricDef| MetricDef {
         proxy_only: true,
         ..d
@@ -200,6 +219,12 @@ pub fn catalogue(rates: &[u32], idle_conns: usize, enrolled_pods: usize) -> Vec<
         "s/GB",
         Better::Lower,
     )));
+    v.push(proxy(def(
+        CPU_PER_CONN,
+        "proxy CPU per new connection",
+        "us",
+        Better::Lower,
+    )));
     v
 }
 
@@ -232,16 +257,21 @@ pub struct Report {
     pub commit: String,
     /// "smoke" or "full".
     pub mode: &'static str,
-    /// Rounds per measurement (A B A B interleaved).
+    /// Rounds per measurement (A B C A B C interleaved).
     pub rounds: usize,
     /// Machine facts that affect the figures.
     pub machine: Machine,
     /// The run's parameters.
     pub params: serde_json::Value,
+    /// The scenario every `ratio_to_upstream` divides by (upstream ztunnel in in-pod mode),
+    /// when it ran.
+    pub upstream: Option<String>,
     /// Metric definitions.
     pub metrics: Vec<MetricDef>,
     /// Results per scenario, in run order.
     pub scenarios: Vec<ScenarioReport>,
+    /// The aims of ambit against upstream (issue 15), judged on this run's medians.
+    pub aims: Vec<AimResult>,
 }
 
 /// Machine facts.
@@ -277,15 +307,34 @@ pub struct MetricResult {
     pub samples: Vec<f64>,
     /// `median / baseline median` when a baseline ran and has the metric.
     pub ratio_to_baseline: Option<f64>,
+    /// `median / upstream median` when the upstream scenario ran and has the metric.
+    pub ratio_to_upstream: Option<f64>,
+    /// Latency only: `median - baseline median`, the latency the mesh adds.
+    pub added_us: Option<f64>,
+    /// Latency only: this scenario's added latency divided by upstream's.
+    pub added_ratio_to_upstream: Option<f64>,
+}
+
+/// Whether `key` is a latency percentile (the mesh *adds* to the baseline's figure).
+pub fn is_latency(key: &str) -> bool {
+    key.starts_with("latency_") && key.ends_with("_us")
 }
 
 /// Builds per-scenario results with medians and ratios; the scenario named "baseline" (if
-/// any) is the reference.
-pub fn summarize(names: &[(String, String)], samples: &[Samples]) -> Vec<ScenarioReport> {
-    let baseline = names
-        .iter()
-        .position(|(n, _)| n == "baseline")
-        .map(|i| &samples[i]);
+/// any) and the one named `upstream` (if given and present) are the references.
+pub fn summarize(
+    names: &[(String, String)],
+    samples: &[Samples],
+    upstream: Option<&str>,
+) -> Vec<ScenarioReport> {
+    let find = |want: &str| {
+        names
+            .iter()
+            .position(|(n, _)| n == want)
+            .map(|i| &samples[i])
+    };
+    let baseline = find("baseline");
+    let reference = upstream.and_then(find);
     names
         .iter()
         .zip(samples)
@@ -294,15 +343,29 @@ pub fn summarize(names: &[(String, String)], samples: &[Samples]) -> Vec<Scenari
                 .iter()
                 .filter_map(|(key, values)| {
                     let median = median(values)?;
-                    let reference = baseline.and_then(|b| median_of(b, key));
+                    let base = baseline.and_then(|b| median_of(b, key));
+                    let up = reference.and_then(|u| median_of(u, key));
+                    let ratio = |r: Option<f64>, own: bool| {
+                        r.filter(|r| *r != 0.0 && !own).map(|r| median / r)
+                    };
+                    let added = base.filter(|_| is_latency(key)).map(|b| median - b);
+                    let up_added = up.zip(base).map(|(u, b)| u - b);
                     Some((
                         key.clone(),
                         MetricResult {
                             median,
                             samples: values.clone(),
-                            ratio_to_baseline: reference
-                                .filter(|r| *r != 0.0 && name != "baseline")
-                                .map(|r| median / r),
+                            ratio_to_baseline: ratio(base, name == "baseline"),
+                            ratio_to_upstream: ratio(
+                                up,
+                                name == "baseline" || Some(name.as_str()) == upstream,
+                            ),
+                            added_us: added.filter(|_| name != "baseline"),
+                            added_ratio_to_upstream: added
+                                .zip(up_added)
+                                .filter(|(_, u)| *u > 0.0)
+                                .filter(|_| name != "baseline" && Some(name.as_str()) != upstream)
+                                .map(|(a, u)| a / u),
                         },
                     ))
                 })
@@ -320,14 +383,113 @@ fn median_of(samples: &Samples, key: &str) -> Option<f64> {
     samples.get(key).and_then(|v| median(v))
 }
 
-/// The table for people: one row per metric, one column per scenario (median, and the
-/// ratio to the baseline; for latency also the added microseconds).
-pub fn table(report: &Report) -> String {
+/// One aim: a metric of the `ambit` scenario against the upstream scenario.
+#[derive(Debug, Serialize)]
+pub struct AimResult {
+    /// What is aimed at, as written in the issue.
+    pub aim: String,
+    /// The metric compared.
+    pub metric: String,
+    /// Which ratio: `ratio_to_upstream` or `added_ratio_to_upstream`.
+    pub ratio: &'static str,
+    /// The bound on the ratio.
+    pub target: f64,
+    /// The ratio measured (none when a scenario or metric is missing).
+    pub measured: Option<f64>,
+    /// Whether the ratio is on the right side of the bound.
+    pub met: Option<bool>,
+}
+
+/// The aims of issue 15, judged on the medians of the scenario `ambit` against upstream's.
+pub fn aims(scenarios: &[ScenarioReport], rates: &[u32], conn_clients: &[usize]) -> Vec<AimResult> {
+    let Some(ambit) = scenarios.iter().find(|s| s.name == "ambit") else {
+        return Vec::new();
+    };
+    let mut list: Vec<(String, String, bool, Better, f64)> = vec![
+        (
+            "proxy CPU per GB <= 0.7x upstream".into(),
+            CPU_PER_GB.into(),
+            false,
+            Better::Lower,
+            0.7,
+        ),
+        (
+            "1-stream throughput >= 1.3x upstream".into(),
+            throughput_key(1),
+            false,
+            Better::Higher,
+            1.3,
+        ),
+        (
+            "4-stream throughput >= 1.5x upstream".into(),
+            throughput_key(4),
+            false,
+            Better::Higher,
+            1.5,
+        ),
+    ];
+    for &n in conn_clients {
+        list.push((
+            format!("new connections/s, {n} client(s) >= 1.5x upstream"),
+            conn_rate_key(n),
+            false,
+            Better::Higher,
+            1.5,
+        ));
+    }
+    if rates.contains(&1_000) {
+        list.push((
+            "added p99 latency @ 1000 req/s <= 0.7x upstream".into(),
+            latency_key(1_000, "p99"),
+            true,
+            Better::Lower,
+            0.7,
+        ));
+    }
+    list.push((
+        "memory per idle connection <= 0.5x upstream".into(),
+        PER_CONN.into(),
+        false,
+        Better::Lower,
+        0.5,
+    ));
+    list.into_iter()
+        .map(|(aim, metric, added, better, target)| {
+            let r = ambit.metrics.get(&metric);
+            let measured = r.and_then(|r| {
+                if added {
+                    r.added_ratio_to_upstream
+                } else {
+                    r.ratio_to_upstream
+                }
+            });
+            AimResult {
+                aim,
+                metric,
+                ratio: if added {
+                    "added_ratio_to_upstream"
+                } else {
+                    "ratio_to_upstream"
+                },
+                target,
+                measured,
+                met: measured.map(|m| match better {
+                    Better::Higher => m >= target,
+                    Better::Lower => m <= target,
+                }),
+            }
+        })
+        .collect()
+}
+
+/// The rows of the table for people: a header, then one row per metric, one column per
+/// scenario (median, the ratio to the baseline `/b` and to upstream `/u`; for latency the
+/// added microseconds instead, and the added latency's ratio to upstream's).
+pub fn table_rows(report: &Report) -> Vec<Vec<String>> {
     let mut rows: Vec<Vec<String>> = Vec::new();
     let mut header = vec!["metric".to_string()];
     header.extend(report.scenarios.iter().map(|s| s.name.clone()));
     rows.push(header);
-    let baseline = report.scenarios.iter().find(|s| s.name == "baseline");
     for m in &report.metrics {
         if report
             .scenarios
@@ -342,12 +504,22 @@ pub fn table(report: &Report) -> String {
                 None => "-".to_string(),
                 Some(r) => {
                     let mut c = fmt_value(r.median / m.display_div);
-                    if let Some(ratio) = r.ratio_to_baseline {
-                        let _ = write!(c, "  x{ratio:.2}");
-                    }
-                    let base = baseline.and_then(|b| b.metrics.get(&m.key));
-                    if let (Some(b), "us", true) = (base, m.unit, s.name != "baseline") {
-                        let _ = write!(c, " ({:+.0}us)", r.median - b.median);
+                    match r.added_us {
+                        Some(added) => {
+                            let _ = write!(c, " ({added:+.0}us)");
+                            if let Some(u) = r.added_ratio_to_upstream {
+                                let _ = write!(c, " {u:.2}/u");
+                            }
+                        }
+                        None => {
+                            for (ratio, tag) in
+                                [(r.ratio_to_baseline, "b"), (r.ratio_to_upstream, "u")]
+                            {
+                                if let Some(x) = ratio {
+                                    let _ = write!(c, " {x:.2}/{tag}");
+                                }
+                            }
+                        }
                     }
                     c
                 }
@@ -356,6 +528,12 @@ pub fn table(report: &Report) -> String {
         }
         rows.push(row);
     }
+    rows
+}
+
+/// The table for people ([`table_rows`], aligned), then the aims.
+pub fn table(report: &Report) -> String {
+    let rows = table_rows(report);
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
@@ -372,6 +550,18 @@ pub fn table(report: &Report) -> String {
         if n == 0 {
             out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
             out.push('\n');
+        }
+    }
+    if !report.aims.is_empty() {
+        out.push_str("\naims (ambit / upstream, medians):\n");
+        for a in &report.aims {
+            let verdict = match a.met {
+                Some(true) => "met",
+                Some(false) => "NOT met",
+                None => "not measured",
+            };
+            let measured = a.measured.map_or("-".into(), |m| format!("{m:.2}"));
+            let _ = writeln!(out, "  {:<52} {measured:>6}  {verdict}", a.aim);
         }
     }
     out
@@ -440,20 +630,70 @@ mod tests {
     }
 
     #[test]
-    fn ratios_against_baseline() {
-        let names = vec![
-            ("baseline".to_string(), String::new()),
-            ("ambit".to_string(), String::new()),
+    fn ratios_against_baseline_and_upstream() {
+        let names: Vec<(String, String)> = ["baseline", "ambit", "upstream"]
+            .iter()
+            .map(|n| (n.to_string(), String::new()))
+            .collect();
+        let conn = conn_rate_key(1);
+        let p99 = latency_key(1_000, "p99");
+        let sample = |pairs: &[(&str, &[f64])]| -> Samples {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_vec()))
+                .collect()
+        };
+        let b = sample(&[(&conn, &[100.0, 300.0, 200.0]), (&p99, &[100.0])]);
+        let a = sample(&[(&conn, &[50.0]), (&p99, &[130.0]), (RSS_IDLE, &[1000.0])]);
+        let u = sample(&[(&conn, &[25.0]), (&p99, &[200.0]), (RSS_IDLE, &[4000.0])]);
+        let r = summarize(&names, &[b, a, u], Some("upstream"));
+        // (scenario, key, ratio to baseline, ratio to upstream, added, added ratio)
+        type Row<'a> = (
+            usize,
+            &'a str,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+        );
+        let cases: [Row; 7] = [
+            (0, &conn, None, None, None, None),
+            (1, &conn, Some(0.25), Some(2.0), None, None),
+            (2, &conn, Some(0.125), None, None, None),
+            (1, RSS_IDLE, None, Some(0.25), None, None),
+            (2, RSS_IDLE, None, None, None, None),
+            (1, &p99, Some(1.3), Some(0.65), Some(30.0), Some(0.3)),
+            (2, &p99, Some(2.0), None, Some(100.0), None),
         ];
-        let mut b = Samples::new();
-        b.insert(CONN_RATE.into(), vec![100.0, 300.0, 200.0]);
-        let mut a = Samples::new();
-        a.insert(CONN_RATE.into(), vec![50.0]);
-        a.insert(RSS_IDLE.into(), vec![1000.0]);
-        let r = summarize(&names, &[b, a]);
-        assert_eq!(r[0].metrics[CONN_RATE].median, 200.0);
-        assert_eq!(r[0].metrics[CONN_RATE].ratio_to_baseline, None);
-        assert_eq!(r[1].metrics[CONN_RATE].ratio_to_baseline, Some(0.25));
-        assert_eq!(r[1].metrics[RSS_IDLE].ratio_to_baseline, None);
+        for (i, key, base, up, added, added_up) in cases {
+            let m = &r[i].metrics[key];
+            let what = format!("{} {key}", r[i].name);
+            assert_eq!(m.ratio_to_baseline, base, "{what}");
+            assert_eq!(m.ratio_to_upstream, up, "{what}");
+            assert_eq!(m.added_us, added, "{what}");
+            assert_eq!(
+                m.added_ratio_to_upstream
+                    .map(|x| (x * 100.0).round() / 100.0),
+                added_up,
+                "{what}"
+            );
+        }
+        let judged = aims(&r, &[1_000], &[1]);
+        let verdict = |metric: &str| {
+            judged
+                .iter()
+                .find(|a| a.metric == metric)
+                .and_then(|a| a.met)
+        };
+        assert_eq!(verdict(&conn), Some(true));
+        assert_eq!(verdict(&p99), Some(true));
+        assert_eq!(verdict(CPU_PER_GB), None);
+        // Without an upstream scenario nothing is judged against it.
+        let r = summarize(
+            &names[..2],
+            &[sample(&[]), sample(&[(&conn, &[1.0])])],
+            None,
+        );
+        assert!(aims(&r, &[1_000], &[1]).iter().all(|a| a.met.is_none()));
     }
 }

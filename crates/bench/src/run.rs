@@ -31,8 +31,9 @@ pub struct Plan {
     /// Connection-rate run.
     #[serde(serialize_with = "secs")]
     pub conn_rate: Duration,
-    /// Parallel connection loops in the connection-rate run.
-    pub conn_concurrency: usize,
+    /// Parallel connection loops (client threads) of the connection-rate runs, one run per
+    /// entry.
+    pub conn_concurrency: Vec<usize>,
     /// Idle connections held open for the memory measurement.
     pub idle_conns: usize,
     /// Extra pods enrolled on the server node for the memory-per-pod measurement (in-pod
@@ -53,7 +54,7 @@ impl Plan {
             latency: Duration::from_secs(5),
             rates: vec![1_000, 10_000],
             conn_rate: Duration::from_secs(3),
-            conn_concurrency: 4,
+            conn_concurrency: vec![1, 4],
             idle_conns: 10_000,
             enrolled_pods: 1_000,
             settle: Duration::from_secs(1),
@@ -69,7 +70,7 @@ impl Plan {
             latency: Duration::from_millis(400),
             rates: vec![1_000, 10_000],
             conn_rate: Duration::from_millis(300),
-            conn_concurrency: 4,
+            conn_concurrency: vec![1, 4],
             idle_conns: 200,
             enrolled_pods: 5,
             settle: Duration::from_millis(300),
@@ -248,6 +249,13 @@ fn measure(
     let proxied = sc.has_proxies();
     let client = sc.client().clone();
     match m {
+        // Latency, memory and enrolment of a mixed fleet are not one implementation's;
+        // throughput and connection rate prove it carries traffic both ways.
+        Measurement::Latency(_) | Measurement::Memory | Measurement::Enrolled
+            if sc.kind().is_mixed() =>
+        {
+            Ok(Vec::new())
+        }
         Measurement::Throughput => {
             let cpu = || procstat::total_cpu_seconds(&pids).unwrap_or(0.0);
             let mut out = Vec::new();
@@ -284,13 +292,24 @@ fn measure(
             Ok(out)
         }
         Measurement::ConnRate => {
-            let cps = rt.block_on(load::connection_rate(
-                client,
-                sc.echo_addr(),
-                plan.conn_concurrency,
-                plan.conn_rate,
-            ))?;
-            Ok(vec![(report::CONN_RATE.into(), cps)])
+            let mut out = Vec::new();
+            let (mut conns, mut cpu_s) = (0u64, 0.0);
+            for &concurrency in &plan.conn_concurrency {
+                let c0 = procstat::total_cpu_seconds(&pids).unwrap_or(0.0);
+                let r = rt.block_on(load::connection_rate(
+                    client.clone(),
+                    sc.echo_addr(),
+                    concurrency,
+                    plan.conn_rate,
+                ))?;
+                cpu_s += procstat::total_cpu_seconds(&pids).unwrap_or(0.0) - c0;
+                conns += r.connections;
+                out.push((report::conn_rate_key(concurrency), r.rate()));
+            }
+            if proxied && conns > 0 {
+                out.push((report::CPU_PER_CONN.into(), cpu_s * 1e6 / conns as f64));
+            }
+            Ok(out)
         }
         Measurement::Memory if !proxied => Ok(Vec::new()),
         Measurement::Memory => memory(plan, sc.kind().clone(), rt),

@@ -51,14 +51,20 @@ const CLIENT_NODE: &str = "node1";
 /// The ZDS socket in each node's directory.
 const ZDS_SOCKET: &str = "ztunnel.sock";
 const SERVER_NODE: &str = "node2";
+/// ztunnel's admin server in its own namespace (`/config_dump`).
+const ADMIN: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 15000);
 /// The agent's health endpoint in its node namespace.
 const AGENT_HEALTH: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8000);
+/// The workload file (`LOCAL_XDS_PATH`) in the scenario's directory.
+const LOCAL_CONFIG: &str = "local.yaml";
 /// How long a proxy may take to become ready and carry the first echo.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How to start a ztunnel: `program args...`, configured through the environment.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ZtunnelCmd {
+    /// Which implementation it is, for descriptions ("ambit", "upstream").
+    pub label: String,
     /// The executable.
     pub program: PathBuf,
     /// Arguments before any environment (`["ztunnel"]` for `ambit`, none for upstream).
@@ -83,8 +89,9 @@ pub enum ScenarioKind {
     InPod {
         /// Scenario name in the reports.
         name: String,
-        /// The ztunnel to run.
-        ztunnel: ZtunnelCmd,
+        /// The ztunnel of the client's node and of the server's node (different ones make
+        /// a mixed fleet: the traffic crosses from one implementation to the other).
+        ztunnels: [ZtunnelCmd; 2],
         /// The program whose `cni-agent` and `cni-plugin` subcommands are the agent and
         /// the plugin (`ambit`, or this binary).
         ambit: PathBuf,
@@ -107,6 +114,12 @@ impl ScenarioKind {
         matches!(self, Self::InPod { .. })
     }
 
+    /// Whether the two nodes run different ztunnels (a mixed fleet): only the traffic
+    /// measurements apply, the proxies' memory is not one implementation's.
+    pub fn is_mixed(&self) -> bool {
+        matches!(self, Self::InPod { ztunnels: [a, b], .. } if a != b)
+    }
+
     /// A printable description (what runs, how).
     pub fn describe(&self) -> String {
         match self {
@@ -119,17 +132,30 @@ impl ScenarioKind {
                 ztunnel.args.join(" ")
             ),
             Self::InPod {
-                ztunnel,
+                ztunnels: [client, server],
                 ambit,
                 workers,
                 ..
-            } => format!(
-                "in-pod mode, per node: {} cni-agent + shared-mode ztunnel {} {} (ZTUNNEL_WORKER_THREADS={workers}); pods enrolled via {} cni-plugin",
-                ambit.display(),
-                ztunnel.program.display(),
-                ztunnel.args.join(" "),
-                ambit.display(),
-            ),
+            } => {
+                let cmd = |z: &ZtunnelCmd| {
+                    format!("{} ({} {})", z.label, z.program.display(), z.args.join(" "))
+                        .replace(" )", ")")
+                };
+                let proxies = if client == server {
+                    format!("shared-mode ztunnel {}", cmd(client))
+                } else {
+                    format!(
+                        "shared-mode ztunnel {} on the client's node, {} on the server's",
+                        cmd(client),
+                        cmd(server)
+                    )
+                };
+                format!(
+                    "in-pod mode, per node: {} cni-agent + {proxies} (ZTUNNEL_WORKER_THREADS={workers}); pods enrolled via {} cni-plugin",
+                    ambit.display(),
+                    ambit.display(),
+                )
+            }
         }
     }
 }
@@ -187,6 +213,8 @@ pub struct Scenario {
     server_ip: IpAddr,
     nodes: Vec<InPodNode>,
     extra: Vec<inpod::PodInfo>,
+    /// What the local config file says (checked against every proxy's `/config_dump`).
+    workloads: Vec<inpod::LocalWorkload>,
     topo: Topology,
     dir: tempfile::TempDir,
 }
@@ -221,6 +249,7 @@ impl Scenario {
             server_ip,
             nodes: Vec::new(),
             extra: Vec::new(),
+            workloads: Vec::new(),
             topo,
             dir: tempfile::Builder::new().prefix("ambit-bench").tempdir()?,
         };
@@ -238,15 +267,15 @@ impl Scenario {
                 ztunnel, workers, ..
             } => s.start_dedicated(rt, ztunnel, *workers)?,
             ScenarioKind::InPod {
-                ztunnel,
+                ztunnels,
                 ambit,
                 workers,
                 ..
-            } => s.start_in_pod(rt, ztunnel, ambit, *workers, extra_pods)?,
+            } => s.start_in_pod(rt, ztunnels, ambit, *workers, extra_pods)?,
         }
         let echo = s.echo_addr();
         let waited = rt.block_on(load::wait_path(&s.client, echo, READY_TIMEOUT));
-        if let Err(e) = waited {
+        if let Err(e) = waited.and_then(|()| s.check_config_loaded()) {
             return Err(e.context(s.log_tails()));
         }
         Ok(s)
@@ -315,7 +344,7 @@ impl Scenario {
     fn start_in_pod(
         &mut self,
         rt: &tokio::runtime::Handle,
-        ztunnel: &ZtunnelCmd,
+        ztunnels: &[ZtunnelCmd; 2],
         ambit: &Path,
         workers: usize,
         extra_pods: usize,
@@ -347,7 +376,7 @@ impl Scenario {
             .collect::<Result<_>>()?;
         let (ca, ca_addr) = self.start_ca(rt, tokens, on_node)?;
         let config = self.write_local_config(&all)?;
-        for node in [CLIENT_NODE, SERVER_NODE] {
+        for (node, ztunnel) in [CLIENT_NODE, SERVER_NODE].into_iter().zip(ztunnels) {
             let dir = self.dir.path().join(node);
             let (pods_dir, run_dir) = (dir.join("pods"), dir.join("cni"));
             for d in [&pods_dir, &run_dir] {
@@ -499,15 +528,32 @@ impl Scenario {
 
     /// Upstream's local-config format: the pods as HBONE workloads, no services, no
     /// policies.
-    fn write_local_config(&self, pods: &[inpod::PodInfo]) -> Result<PathBuf> {
-        let mut y = String::from("workloads:\n");
-        for p in pods {
-            y += &inpod::local_workload(p, TRUST_DOMAIN);
-        }
-        y += "services: []\npolicies: []\n";
-        let path = self.dir.path().join("local.yaml");
-        std::fs::write(&path, y)?;
+    fn write_local_config(&mut self, pods: &[inpod::PodInfo]) -> Result<PathBuf> {
+        self.workloads = inpod::local_workloads(pods, TRUST_DOMAIN);
+        let path = self.dir.path().join(LOCAL_CONFIG);
+        std::fs::write(&path, inpod::local_config(&self.workloads)?)?;
         Ok(path)
+    }
+
+    /// Every proxy lists every workload of the local config, as written, in its
+    /// `/config_dump`: a ztunnel that misreads the file fails here, not in a figure.
+    fn check_config_loaded(&self) -> Result<()> {
+        for (i, p) in self.proxies.iter().enumerate() {
+            let factory = self.topo.netns(self.proxy_netns(i))?.socket_factory(None)?;
+            let dump = http_get(&factory, ADMIN, "/config_dump")
+                .with_context(|| format!("{}: GET /config_dump", p.what))?;
+            inpod::check_loaded(&dump, &self.workloads)
+                .with_context(|| format!("{} loaded {LOCAL_CONFIG} wrongly", p.what))?;
+        }
+        Ok(())
+    }
+
+    /// The namespace proxy `i` runs in (and serves its admin and readiness ports in).
+    fn proxy_netns(&self, i: usize) -> &'static str {
+        match self.kind {
+            ScenarioKind::InPod { .. } => self.nodes[i].name,
+            _ => [CLIENT, SERVER][i],
+        }
     }
 
     fn spawn_ztunnel(
@@ -568,17 +614,11 @@ impl Scenario {
     /// Waits until process `i` of `role` answers its readiness probe.
     fn wait_ready(&mut self, role: Role, i: usize) -> Result<()> {
         let (netns, addr, path) = match role {
-            Role::Ztunnel => {
-                let ns = match self.kind {
-                    ScenarioKind::InPod { .. } => self.nodes[i].name,
-                    _ => [CLIENT, SERVER][i],
-                };
-                (
-                    ns,
-                    SocketAddr::from(([127, 0, 0, 1], 15021)),
-                    "/healthz/ready",
-                )
-            }
+            Role::Ztunnel => (
+                self.proxy_netns(i),
+                SocketAddr::from(([127, 0, 0, 1], 15021)),
+                "/healthz/ready",
+            ),
             Role::Agent => (self.nodes[i].name, AGENT_HEALTH, "/readyz"),
         };
         let factory = self.topo.netns(netns)?.socket_factory(None)?;
@@ -721,16 +761,20 @@ pub fn die_with_parent(cmd: &mut Command) {
 
 /// GET `path` answered 200.
 fn ready(factory: &NetnsSocketFactory, addr: SocketAddr, path: &str) -> bool {
+    http_get(factory, addr, path).is_ok()
+}
+
+/// The body of `GET path` (HTTP/1.0, so the server closes after the body), if the answer
+/// is 200. Bounded: the connection has the load generators' step timeouts, the body 16 MiB.
+fn http_get(factory: &NetnsSocketFactory, addr: SocketAddr, path: &str) -> Result<String> {
     use std::io::{Read, Write};
-    let Ok(mut s) = load::connect_blocking(factory, addr) else {
-        return false;
-    };
-    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .is_err()
-    {
-        return false;
-    }
+    let mut s = load::connect_blocking(factory, addr)?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())?;
     let mut resp = String::new();
-    let _ = s.read_to_string(&mut resp);
-    resp.split_whitespace().nth(1) == Some("200")
+    s.take(16 << 20).read_to_string(&mut resp)?;
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    match head.split_whitespace().nth(1) {
+        Some("200") => Ok(body.to_string()),
+        status => bail!("GET {path}: status {status:?}"),
+    }
 }

@@ -9,7 +9,12 @@ const PANEL_W: f64 = 330.0;
 const PANEL_H: f64 = 260.0;
 const MARGIN_L: f64 = 60.0;
 const TOP: f64 = 60.0;
-const COLORS: [&str; 4] = ["#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c"];
+const COLORS: [&str; 6] = [
+    "#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b",
+];
+/// Advance of one character of the 11px monospace table, and its line height.
+const CHAR_W: f64 = 6.7;
+const LINE_H: f64 = 15.0;
 
 struct Panel {
     title: String,
@@ -47,8 +52,14 @@ pub fn chart(report: &Report, rates: &[u32]) -> String {
             })
             .collect(),
     });
-    let width = MARGIN_L + panels.len() as f64 * (PANEL_W + MARGIN_L);
-    let height = TOP + PANEL_H + 90.0;
+    let rows = crate::report::table_rows(report);
+    let cols: Vec<usize> = (0..rows[0].len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let table_top = TOP + PANEL_H + 90.0;
+    let table_w = MARGIN_L + (cols.iter().sum::<usize>() + 2 * cols.len()) as f64 * CHAR_W;
+    let width = (MARGIN_L + panels.len() as f64 * (PANEL_W + MARGIN_L)).max(table_w);
+    let height = table_top + (rows.len() + report.aims.len() + 4) as f64 * LINE_H;
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -70,7 +81,7 @@ pub fn chart(report: &Report, rates: &[u32]) -> String {
     // Legend.
     let ly = TOP + PANEL_H + 55.0;
     for (i, sc) in report.scenarios.iter().enumerate() {
-        let lx = MARGIN_L + i as f64 * 160.0;
+        let lx = MARGIN_L + i as f64 * 170.0;
         let _ = writeln!(
             s,
             r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{}"/><text x="{}" y="{}">{}</text>"#,
@@ -80,6 +91,46 @@ pub fn chart(report: &Report, rates: &[u32]) -> String {
             ly,
             esc(&sc.name)
         );
+    }
+    // Every figure with its ratios to the baseline and to upstream, as in the text table.
+    let _ = writeln!(
+        s,
+        r#"<text x="{MARGIN_L}" y="{:.0}" font-weight="bold">medians; N/b = ratio to baseline, N/u = ratio to {}; latency: added to the baseline's, N/u = ratio of added latencies</text>"#,
+        table_top - 8.0,
+        esc(report.upstream.as_deref().unwrap_or("upstream (not run)"))
+    );
+    let mut y = table_top + LINE_H;
+    for row in &rows {
+        let mut x = MARGIN_L;
+        for (i, cell) in row.iter().enumerate() {
+            let (anchor, at) = if i == 0 {
+                ("start", x)
+            } else {
+                ("end", x + cols[i] as f64 * CHAR_W)
+            };
+            let _ = writeln!(
+                s,
+                r#"<text x="{at:.0}" y="{y:.0}" text-anchor="{anchor}" font-family="monospace">{}</text>"#,
+                esc(cell)
+            );
+            x += (cols[i] + 2) as f64 * CHAR_W;
+        }
+        y += LINE_H;
+    }
+    y += LINE_H;
+    for a in &report.aims {
+        let verdict = match a.met {
+            Some(true) => "met",
+            Some(false) => "NOT met",
+            None => "not measured",
+        };
+        let measured = a.measured.map_or("-".into(), |m| format!("{m:.2}"));
+        let _ = writeln!(
+            s,
+            r#"<text x="{MARGIN_L}" y="{y:.0}" font-family="monospace">{}: {measured} ({verdict})</text>"#,
+            esc(&a.aim)
+        );
+        y += LINE_H;
     }
     s.push_str("</svg>\n");
     s

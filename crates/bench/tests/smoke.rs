@@ -9,6 +9,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
+#[path = "support/leftovers.rs"]
+mod leftovers;
+use leftovers::assert_nothing_left;
+
 /// Metrics every scenario has, and those only proxied scenarios have.
 const COMMON: &[&str] = &[
     "throughput_1_streams_bps",
@@ -21,13 +25,15 @@ const COMMON: &[&str] = &[
     "latency_10000rps_p50_us",
     "latency_10000rps_p999_us",
     "latency_10000rps_achieved_rps",
-    "connection_rate_cps",
+    "connection_rate_1_clients_cps",
+    "connection_rate_4_clients_cps",
 ];
 const PROXY: &[&str] = &[
     "proxy_rss_idle_kib",
     "proxy_rss_with_idle_conns_kib",
     "proxy_bytes_per_idle_conn",
     "proxy_cpu_seconds_per_gb",
+    "proxy_cpu_us_per_conn",
 ];
 /// Only in-pod scenarios (pods enrolled through the node agent).
 const IN_POD: &[&str] = &[
@@ -68,7 +74,8 @@ fn smoke_run_reports_every_metric_and_leaves_nothing_behind() {
         "ambit-bench failed\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("connection rate"), "no table:\n{stdout}");
-    assert_nothing_left(&stderr, dir.path());
+    // baseline, ambit, ambit-dedicated, plus the fresh copies for the memory measurements.
+    assert_nothing_left(&stderr, dir.path(), 6);
 
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["mode"], "smoke");
@@ -123,42 +130,4 @@ fn smoke_run_reports_every_metric_and_leaves_nothing_behind() {
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
     assert!(chart.contains("baseline") && chart.contains("ambit"));
-}
-
-/// Every scenario (including the fresh ones of the memory measurements) printed its
-/// namespace prefix and directory; none of them may exist any more, and no process may still
-/// run from under `root` (every process of the run works in a directory under it).
-fn assert_nothing_left(stderr: &str, root: &std::path::Path) {
-    let mut prefixes = 0;
-    for line in stderr.lines() {
-        let Some((_, rest)) = line.split_once(" namespaces: ") else {
-            continue;
-        };
-        let (prefix, files) = rest.split_once("~*, files: ").expect("prefix line format");
-        let left = ambit_topology::leftovers(prefix).expect("listing namespaces");
-        assert!(left.is_empty(), "namespaces left behind: {left:?}");
-        assert!(
-            !std::path::Path::new(files).exists(),
-            "directory left behind: {files}"
-        );
-        prefixes += 1;
-    }
-    // baseline, ambit, ambit-dedicated, plus the fresh copies for the memory measurements.
-    assert!(
-        prefixes >= 6,
-        "only {prefixes} scenarios reported:\n{stderr}"
-    );
-    let mut survivors = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("reading /proc").flatten() {
-        if let Ok(cwd) = std::fs::read_link(entry.path().join("cwd"))
-            && cwd.starts_with(root)
-        {
-            survivors.push(format!(
-                "{} in {}",
-                entry.file_name().to_string_lossy(),
-                cwd.display()
-            ));
-        }
-    }
-    assert!(survivors.is_empty(), "processes left behind: {survivors:?}");
 }
