@@ -368,39 +368,6 @@ fn exchange_line(s: &mut std::net::TcpStream, line: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// One request on an HBONE connection to the server's 15008, with the plain pod's identity.
-async fn hbone_status(
-    sock: tokio::net::TcpSocket,
-    dst: SocketAddr,
-    config: Arc<ambit_tls::rustls::ClientConfig>,
-    method: &str,
-    uri: &str,
-) -> Result<(u16, String), String> {
-    let tcp = sock.connect(dst).await.map_err(|e| e.to_string())?;
-    let tls = ambit_tls::tokio_rustls::TlsConnector::from(config)
-        .connect(ambit_tls::hbone_server_name(), tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut client, conn) = h2::client::handshake(tls)
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let req = http::Request::builder()
-        .method(method)
-        .uri(uri)
-        .body(())
-        .unwrap();
-    let (resp, _send) = client.send_request(req, false).map_err(|e| e.to_string())?;
-    let resp = resp.await.map_err(|e| e.to_string())?;
-    let baggage = resp
-        .headers()
-        .get("baggage")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    Ok((resp.status().as_u16(), baggage))
-}
-
 #[test]
 fn hbone_status_codes_match_upstream() {
     if !capable("hbone_status_codes_match_upstream") {
@@ -408,22 +375,8 @@ fn hbone_status_codes_match_upstream() {
     }
     let m = standard_mesh();
     let server_ip = m.topo.pod("server").ip();
-    let hbone = m.pod_addr("server", 15008);
-    let cert = m.ca.issue(&id("plain"), Duration::from_secs(3600)).unwrap();
-    let config = Arc::new(ambit_tls::client_config(&cert, vec![id("server")]).unwrap());
-    let factory = mesh::app_factory(m.pod_ns("plain"));
-    let request = |method: &str, uri: &str| {
-        let sock = factory
-            .new_tcp_stream_socket(hbone, None, &ambit_netns::SocketOptions::default())
-            .unwrap();
-        m.rt.block_on(hbone_status(
-            tokio::net::TcpSocket::from_std_stream(sock.into()),
-            hbone,
-            config.clone(),
-            method,
-            uri,
-        ))
-    };
+    let request =
+        |method: &str, uri: &str| m.hbone_request("plain", "plain", "server", method, uri);
     eventually("server ztunnel ready", SECS, || {
         request("CONNECT", &format!("{server_ip}:{APP_PORT}")).ok()
     });

@@ -255,6 +255,43 @@ async fn accept_error(listener: &'static str, e: std::io::Error) {
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 
+/// An inbound connection arrived on an address that does not belong (only) to the workload
+/// the listener serves.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotServed {
+    #[error("local: destination {arrived} is not an address of the served workload {served}")]
+    Unclaimed { arrived: IpAddr, served: String },
+    #[error(
+        "local: destination {arrived} is claimed by workload {claimed_by}, not by the served workload {served}"
+    )]
+    ClaimedByOther {
+        arrived: IpAddr,
+        served: String,
+        claimed_by: String,
+    },
+}
+
+/// Checks that `arrived` (the address an inbound connection was sent to) is the served
+/// workload's in the state's address index. Upstream evaluates policy for the served
+/// workload without this check; ambit also refuses when the index names no record or
+/// another one (a WorkloadEntry or a stale record holding the same IP): then the mesh's view
+/// of who owns the address disagrees with who listens there, and a client's ztunnel picks
+/// identities and routes by that other record.
+fn served_at(state: &ProxyState, served: &Workload, arrived: IpAddr) -> Result<(), NotServed> {
+    match state.workload_by_addr(&served.network, arrived) {
+        Some(w) if w.uid == served.uid => Ok(()),
+        Some(w) => Err(NotServed::ClaimedByOther {
+            arrived,
+            served: served.uid.to_string(),
+            claimed_by: w.uid.to_string(),
+        }),
+        None => Err(NotServed::Unclaimed {
+            arrived,
+            served: served.uid.to_string(),
+        }),
+    }
+}
+
 /// IPv4-mapped IPv6 addresses (dual-stack listeners) as plain IPv4.
 fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())

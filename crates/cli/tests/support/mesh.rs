@@ -264,6 +264,11 @@ impl Mesh {
     /// Writes the local config: every pod is an HBONE workload with service account = its
     /// name, `server` backs service `echo` (VIP 10.96.0.10:80 → 8080); `policies` is raw YAML.
     pub fn write_config(&self, policies: &[&str]) {
+        self.write_config_with(policies, &ConfigExtras::default());
+    }
+
+    /// [`Mesh::write_config`] plus `extras`.
+    pub fn write_config_with(&self, policies: &[&str], extras: &ConfigExtras<'_>) {
         let mut y = String::from("workloads:\n");
         for p in self.topo.pods() {
             let captured = self.captured(p.name());
@@ -278,8 +283,15 @@ impl Mesh {
                 y += &format!(
                     "  services:\n    \"default/echo.default.svc.cluster.local\": {{80: {APP_PORT}}}\n"
                 );
+                if !extras.server_policies.is_empty() {
+                    y += &format!(
+                        "  authorizationPolicies: [{}]\n",
+                        extras.server_policies.join(", ")
+                    );
+                }
             }
         }
+        y += extras.workloads;
         y += &format!(
             "services:\n- name: echo\n  namespace: default\n  hostname: echo.default.svc.cluster.local\n  vips: [\"/{VIP}\"]\n  ports: {{80: {APP_PORT}}}\n"
         );
@@ -294,6 +306,31 @@ impl Mesh {
         let tmp = self.config.with_extension("tmp");
         std::fs::write(&tmp, y).unwrap();
         std::fs::rename(&tmp, &self.config).unwrap();
+    }
+
+    /// [`Mesh::write_config_with`], then waits until every running ztunnel serves the new
+    /// file (a marker policy that applies to no workload shows in its `/config_dump`).
+    pub fn apply_config(&self, policies: &[&str], extras: &ConfigExtras<'_>) {
+        static GENERATION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("config-generation-{generation}");
+        let marker = format!(
+            "- name: {name}\n  namespace: no-such-namespace\n  scope: Namespace\n  action: Deny\n  rules: [[[ {{destinationPorts: [1]}} ]]]\n"
+        );
+        let mut all: Vec<&str> = policies.to_vec();
+        all.push(&marker);
+        self.write_config_with(&all, extras);
+        let admin = SocketAddr::from(([127, 0, 0, 1], 15000));
+        for pod in self.ztunnels.keys() {
+            eventually(
+                &format!("ztunnel in {pod} loaded {name}"),
+                Duration::from_secs(20),
+                || {
+                    let (_, body) = http_get(self.pod_ns(pod), admin, "/config_dump")?;
+                    body.contains(&name).then_some(())
+                },
+            );
+        }
     }
 
     fn captured(&self, pod: &str) -> bool {
@@ -411,6 +448,79 @@ impl Mesh {
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
+
+    /// One CONNECT (or `method`) to `to`'s 15008 from inside `from` (an uncaptured pod),
+    /// presenting the identity of service account `sa` and expecting `to`'s; the response
+    /// status and `baggage` header.
+    pub fn hbone_request(
+        &self,
+        from: &str,
+        sa: &str,
+        to: &str,
+        method: &str,
+        uri: &str,
+    ) -> Result<(u16, String), String> {
+        let hbone = self.pod_addr(to, 15008);
+        let cert = self
+            .ca
+            .issue(&id(sa), Duration::from_secs(3600))
+            .map_err(|e| e.to_string())?;
+        let config =
+            Arc::new(ambit_tls::client_config(&cert, vec![id(to)]).map_err(|e| e.to_string())?);
+        let sock = app_factory(self.pod_ns(from))
+            .new_tcp_stream_socket(hbone, None, &SocketOptions::default())
+            .map_err(|e| e.to_string())?;
+        self.rt.block_on(hbone_status(
+            tokio::net::TcpSocket::from_std_stream(sock.into()),
+            hbone,
+            config,
+            method,
+            uri,
+        ))
+    }
+}
+
+/// One request on an HBONE connection to `dst` (a ztunnel's 15008) with `config`; the
+/// response status and `baggage` header.
+pub async fn hbone_status(
+    sock: tokio::net::TcpSocket,
+    dst: SocketAddr,
+    config: Arc<ambit_tls::rustls::ClientConfig>,
+    method: &str,
+    uri: &str,
+) -> Result<(u16, String), String> {
+    let tcp = sock.connect(dst).await.map_err(|e| e.to_string())?;
+    let tls = ambit_tls::tokio_rustls::TlsConnector::from(config)
+        .connect(ambit_tls::hbone_server_name(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut client, conn) = h2::client::handshake(tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(())
+        .unwrap();
+    let (resp, _send) = client.send_request(req, false).map_err(|e| e.to_string())?;
+    let resp = resp.await.map_err(|e| e.to_string())?;
+    let baggage = resp
+        .headers()
+        .get("baggage")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    Ok((resp.status().as_u16(), baggage))
+}
+
+/// What [`Mesh::write_config_with`] adds to the generated local config.
+#[derive(Debug, Default)]
+pub struct ConfigExtras<'a> {
+    /// Policy keys (`namespace/name`) listed in the `server` record's `authorizationPolicies`.
+    pub server_policies: &'a [&'a str],
+    /// Raw YAML items appended to the `workloads:` list.
+    pub workloads: &'a str,
 }
 
 /// The test app in `ns` on `addr`: greets with the peer address it sees, then echoes each

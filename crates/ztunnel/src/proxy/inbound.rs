@@ -157,8 +157,10 @@ enum InboundError {
     IpMismatch { requested: IpAddr, arrived: IpAddr },
     #[error("attempted recursive call to ourselves (port {0})")]
     SelfCall(u16),
-    #[error("local: no workload at {0}")]
-    UnknownWorkload(IpAddr),
+    #[error("local: the served workload is not in the state")]
+    UnknownWorkload,
+    #[error(transparent)]
+    NotServed(#[from] super::NotServed),
     #[error("local: no service {0} with port {1} on this workload")]
     UnknownService(String, u16),
     #[error("{0}")]
@@ -170,7 +172,7 @@ enum InboundError {
 impl InboundError {
     fn status(&self) -> StatusCode {
         match self {
-            InboundError::IpMismatch { .. } => StatusCode::BAD_REQUEST,
+            InboundError::IpMismatch { .. } | InboundError::NotServed(_) => StatusCode::BAD_REQUEST,
             InboundError::Denied(_) => StatusCode::UNAUTHORIZED,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -186,18 +188,17 @@ impl InboundError {
 }
 
 impl StreamCtx {
-    /// Resolves the CONNECT target to (destination workload, app address).
+    /// Resolves the CONNECT target to (destination workload, app address). The destination
+    /// is always the workload this listener serves, never whatever record claims the arrival
+    /// address (see [`super::served_at`]).
     fn resolve(&self, target: &ConnectTarget) -> Result<(Arc<Workload>, SocketAddr), InboundError> {
         let state = &self.inputs.state;
         let arrived = self.local.ip();
-        let served = self.inputs.local_workload();
-        let network = served
-            .as_ref()
-            .map(|w| w.network.clone())
-            .unwrap_or_default();
-        let workload = state
-            .workload_by_addr(&network, arrived)
-            .ok_or(InboundError::UnknownWorkload(arrived))?;
+        let workload = self
+            .inputs
+            .local_workload()
+            .ok_or(InboundError::UnknownWorkload)?;
+        super::served_at(state, &workload, arrived)?;
         let port = match target {
             ConnectTarget::Addr(a) => {
                 let requested = a.ip().to_canonical();

@@ -89,22 +89,24 @@ fn admit(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<A
         );
         return None;
     }
-    let network = inputs
-        .local_workload()
-        .map(|w| w.network.clone())
-        .unwrap_or_default();
-    let Some(workload) = inputs.state.workload_by_addr(&network, orig.ip()) else {
+    // Policy is evaluated for the workload this listener serves, and only when the
+    // destination address is that workload's (see `super::served_at`).
+    let Some(workload) = inputs.local_workload() else {
         connection_failed(
             peer,
             orig,
             Direction::Inbound,
-            &"local: no workload at destination",
+            &"local: the served workload is not in the state",
         );
         return None;
     };
+    if let Err(e) = super::served_at(&inputs.state, &workload, orig.ip()) {
+        connection_failed(peer, orig, Direction::Inbound, &e);
+        return None;
+    }
     let mut info = ConnectionLog::new(Direction::Inbound, peer, orig);
     let mut labels = TrafficLabels::new(Reporter::Destination);
-    if let Some(s) = inputs.state.workload_by_addr(&network, peer.ip()) {
+    if let Some(s) = inputs.state.workload_by_addr(&workload.network, peer.ip()) {
         observe::source(&mut labels, &s);
         observe::log_src(&mut info, &s);
     }
