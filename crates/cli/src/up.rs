@@ -29,6 +29,10 @@ pub struct UpArgs {
     /// Capture pods' DNS into ztunnel's DNS proxy (service names resolve).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     dns_capture: bool,
+    /// Run this ztunnel binary on every node instead of `ambit ztunnel` (for example
+    /// upstream's, to check interop): no arguments, upstream's environment variables.
+    #[arg(long, value_name = "PATH")]
+    ztunnel_bin: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,11 +126,25 @@ pub fn up(args: UpArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Absolute: components start in other working directories.
+    let ztunnel_exe = match args.ztunnel_bin.as_deref().map(std::fs::canonicalize) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => {
+            let path = args
+                .ztunnel_bin
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""));
+            eprintln!("ambit up: --ztunnel-bin {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    };
     let cancel = signal_flag();
     let cfg = UpConfig {
         manifests: args.dir.clone(),
         run_dir: args.run_dir.clone(),
         ambit_exe,
+        ztunnel_exe,
         base_env: base_env(),
         timeout: Duration::from_secs(args.timeout),
         log_level: args.log_level,

@@ -57,20 +57,88 @@ fn up_status_exec_down() {
         assert_eq!(pod(name)["redirection"], redirection, "{name}");
         assert_eq!(pod(name)["running"], true, "{name}");
     }
-    let server_ip = pod("server")["ip"].as_str().unwrap().to_owned();
-    let direct = format!("http://{server_ip}:8080/");
+    assert_example_traffic(&run, pod("server")["ip"].as_str().unwrap());
 
-    // Allowed (client identity), by IP, by service VIP and by service name (DNS proxy).
-    for url in [
-        direct.as_str(),
-        "http://10.96.0.20/",
-        "http://server.demo.svc.cluster.local/",
-    ] {
-        eventually_get(&run, "client", url, true);
+    let out = ambit(&run, &["down"]);
+    assert!(out.status.success(), "{out:?}");
+    let status = wait_exit(
+        &mut up.child,
+        Duration::from_secs(30),
+        "ambit up did not exit after down",
+    );
+    assert!(status.success(), "up exit status {status}");
+    let left = leftovers(&prefix, &pids, &run);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// The example's traffic outcomes: allowed by IP, service VIP and service name (DNS proxy)
+/// from `client`; denied by the AuthorizationPolicy from `intruder`; plaintext from outside
+/// the mesh refused by STRICT.
+fn assert_example_traffic(run: &Path, server_ip: &str) {
+    let direct = format!("http://{server_ip}:8080/");
+    let cases = [
+        ("client", direct.as_str(), true),
+        ("client", "http://10.96.0.20/", true),
+        ("client", "http://server.demo.svc.cluster.local/", true),
+        ("intruder", direct.as_str(), false),
+        ("outsider", direct.as_str(), false),
+    ];
+    for (pod, url, allowed) in cases {
+        eventually_get(run, pod, url, allowed);
     }
-    // Denied by the AuthorizationPolicy; plaintext from outside the mesh refused by STRICT.
-    eventually_get(&run, "intruder", &direct, false);
-    eventually_get(&run, "outsider", &direct, false);
+}
+
+/// Upstream ztunnel's release binary as every node's ztunnel (`ambit up --ztunnel-bin`): it
+/// takes what `ambit up` generates for a ztunnel (environment, node token, root certificate,
+/// `ambit control`'s xDS and CA) and carries the example's traffic in-pod through our agent
+/// and plugin, with the same policy outcomes. Skipped only when the binary is absent.
+#[test]
+fn upstream_ztunnel_serves_the_embedded_mesh() {
+    let test = "upstream_ztunnel_serves_the_embedded_mesh";
+    let Some(upstream) = ambit_netns::testing::upstream_ztunnel_or_skip(test) else {
+        return;
+    };
+    if !ambit_netns::testing::netns_capable_or_skip(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut up = Up::start_with(
+        &example(),
+        &run,
+        &["--ztunnel-bin".as_ref(), upstream.as_os_str()],
+    );
+    up.wait_ready();
+    let (prefix, pids) = recorded(&up.state());
+    // Both nodes' ztunnels are upstream's.
+    let state = up.state();
+    let ztunnels: Vec<&serde_json::Value> = state["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "ztunnel")
+        .collect();
+    assert_eq!(ztunnels.len(), 2, "{ztunnels:?}");
+    let program = upstream.canonicalize().unwrap();
+    for z in &ztunnels {
+        assert_eq!(
+            z["command"]["program"].as_str().map(Path::new),
+            Some(program.as_path()),
+            "{z}"
+        );
+    }
+    let status = status_json(&run);
+    for node in status["nodes"].as_array().unwrap() {
+        assert_eq!(node["ztunnel"]["ready"], true, "{node}");
+        assert_eq!(node["unprotected_pods"], 0, "{node}");
+    }
+    let server = status["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "server")
+        .expect("server pod");
+    assert_example_traffic(&run, server["ip"].as_str().unwrap());
 
     let out = ambit(&run, &["down"]);
     assert!(out.status.success(), "{out:?}");

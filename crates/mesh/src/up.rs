@@ -53,6 +53,9 @@ pub struct UpConfig {
     pub run_dir: PathBuf,
     /// The `ambit` executable every role is started from.
     pub ambit_exe: PathBuf,
+    /// Another ztunnel for every node instead of `ambit ztunnel` (upstream's binary, for
+    /// interop): started with no arguments and the same upstream environment variables.
+    pub ztunnel_exe: Option<PathBuf>,
     /// Environment every child starts with (PATH, HOME, …); the library reads none itself.
     pub base_env: Vec<(String, String)>,
     /// How long each readiness wait may take.
@@ -394,9 +397,8 @@ impl Mesh {
                 &format!("cni-agent-{}.log", node.name),
             )?;
             let address = format!("https://{control_addr}");
-            let mut cmd = self.role_command(node.ztunnel_netns())?;
-            cmd.arg("ztunnel")
-                .env("PROXY_MODE", "shared")
+            let mut cmd = self.ztunnel_command(node.ztunnel_netns())?;
+            cmd.env("PROXY_MODE", "shared")
                 .env("INPOD_UDS", &node.zds_socket)
                 .env("NODE_NAME", &node.name)
                 .env("POD_NAME", format!("ztunnel-{}", node.name))
@@ -602,7 +604,25 @@ impl Mesh {
 
     /// A command for an `ambit` role inside `netns` with only the base environment.
     pub(crate) fn role_command(&self, netns: &Path) -> Result<Command, UpError> {
-        let mut cmd = Command::new(&self.cfg.ambit_exe);
+        self.command(&self.cfg.ambit_exe, netns)
+    }
+
+    /// A node's ztunnel inside `netns`: `ambit ztunnel`, or the configured ztunnel binary
+    /// (which, like upstream's, takes its whole configuration from the environment).
+    pub(crate) fn ztunnel_command(&self, netns: &Path) -> Result<Command, UpError> {
+        match &self.cfg.ztunnel_exe {
+            Some(exe) => self.command(exe, netns),
+            None => {
+                let mut cmd = self.role_command(netns)?;
+                cmd.arg("ztunnel");
+                Ok(cmd)
+            }
+        }
+    }
+
+    /// `program` inside `netns` with only the base environment.
+    fn command(&self, program: &Path, netns: &Path) -> Result<Command, UpError> {
+        let mut cmd = Command::new(program);
         set_command_netns(&mut cmd, &NetnsFd::open(netns)?)?;
         cmd.env_clear()
             .envs(self.cfg.base_env.iter().cloned())

@@ -35,11 +35,17 @@ pub struct Up {
 
 impl Up {
     pub fn start(dir: &Path, run: &Path) -> Up {
+        Self::start_with(dir, run, &[])
+    }
+
+    /// `ambit up DIR --run-dir RUN ARGS...`.
+    pub fn start_with(dir: &Path, run: &Path, args: &[&std::ffi::OsStr]) -> Up {
         let mut child = Command::new(AMBIT)
             .arg("up")
             .arg(dir)
             .arg("--run-dir")
             .arg(run)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
