@@ -356,8 +356,8 @@ async fn async_main(
             servers_watcher.clone(),
         ));
     }
-    // Both the local file and xDS feed the same store (like upstream); readiness waits for
-    // the first ACKed response of each xDS type.
+    // Both the local file and xDS feed the same store (like upstream); the state is synced,
+    // and readiness released, at the first ACKed response of each xDS type.
     if let Some(address) = &cfg.xds_address {
         let root = crate::grpc::load_root(&cfg.xds_root_cert)?;
         let channel = crate::grpc::channel_with_mark(
@@ -374,6 +374,8 @@ async fn async_main(
         );
         servers.spawn(client.run(state_task, servers_watcher.clone()));
     } else {
+        // The local file (if any) was loaded above: nothing else to wait for.
+        state.mark_synced();
         drop(state_task);
     }
     drop(servers_watcher);
@@ -450,7 +452,14 @@ async fn async_main(
                     metrics: Arc::new((*metrics).clone()),
                 };
                 let watcher = servers_drain.watcher();
+                let synced = state.clone();
                 dns_task_handle = Some(data.spawn(async move {
+                    // Like the proxy listeners, answer nothing before the state synced
+                    // (queries wait in the socket buffers meanwhile).
+                    tokio::select! {
+                        _ = watcher.signaled() => return,
+                        () = synced.wait_synced() => {}
+                    }
                     DnsServer::serve(dns_listeners, ctx, async move {
                         watcher.signaled().await;
                     })

@@ -220,12 +220,56 @@ impl Proxy {
 
 pub use pool::CONNECT_TIMEOUT;
 
+/// How long a connection accepted before the policy state synced is held, waiting for it,
+/// before it is closed.
+pub const POLICY_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Holds connections until the policy state has synced (see [`crate::state`]): no connection
+/// is routed or authorized against a state whose first complete response has not arrived.
+/// In shared mode pods only get proxies after the sync, so this only ever holds connections
+/// in dedicated mode right after start.
+#[derive(Debug, Clone)]
+struct SyncGate {
+    state: Arc<ProxyState>,
+    wait: std::time::Duration,
+}
+
+impl SyncGate {
+    fn new(state: Arc<ProxyState>) -> Self {
+        Self {
+            state,
+            wait: POLICY_SYNC_WAIT,
+        }
+    }
+
+    /// Runs `conn` once the state is synced; drops it (closing its socket) if that takes
+    /// longer than the gate's wait.
+    async fn pass<Fut: std::future::Future<Output = ()>>(
+        self,
+        listener: &'static str,
+        peer: SocketAddr,
+        conn: Fut,
+    ) {
+        match tokio::time::timeout(self.wait, self.state.wait_synced()).await {
+            Ok(()) => conn.await,
+            Err(_) => tracing::warn!(
+                listener,
+                %peer,
+                waited = ?self.wait,
+                "policy state not synced: connection closed"
+            ),
+        }
+    }
+}
+
 /// The accept loop every listener shares: each connection runs `handle` in a task owned by
-/// the loop and holding a drain watcher; on drain the listener closes (no new connections) and
-/// the loop waits for its connections (the proxy's drain deadline cuts them).
+/// the loop and holding a drain watcher, once `gate` lets it; on drain the listener closes
+/// (no new connections) and the loop waits for its connections (the proxy's drain deadline
+/// cuts them).
 async fn accept_loop<F, Fut>(
     name: &'static str,
     listener: TcpListener,
+    gate: SyncGate,
     drain: crate::drain::DrainWatcher,
     handle: F,
 ) where
@@ -238,7 +282,12 @@ async fn accept_loop<F, Fut>(
             _ = drain.signaled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    conns.spawn(handle(stream, peer, drain.clone()));
+                    let conn = handle(stream, peer, drain.clone());
+                    if gate.state.is_synced() {
+                        conns.spawn(conn);
+                    } else {
+                        conns.spawn(gate.clone().pass(name, peer, conn));
+                    }
                 }
                 Err(e) => accept_error(name, e).await,
             },
@@ -359,3 +408,6 @@ async fn copy_hbone(
         .map(drop)
         .map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,11 @@
 //! change that can alter an authorization decision bumps a generation on a watch channel; the
 //! inbound connection tracker re-evaluates open connections when it moves (§6 "policy change
 //! closes now-denied connections").
+//!
+//! Fail closed: a new state is *not synced*. Whoever feeds it marks it synced once every
+//! source had its first complete response (xDS: both types ACKed once; local config only:
+//! the file loaded), and it stays synced. Nothing may be evaluated against it before: an empty
+//! policy set means "allow", which before the first Authorization response would be a lie.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -43,6 +48,8 @@ struct Inner {
 pub struct ProxyState {
     inner: RwLock<Inner>,
     policy_generation: watch::Sender<u64>,
+    /// Turns true once, when every source had its first complete response.
+    synced: watch::Sender<bool>,
 }
 
 impl Default for ProxyState {
@@ -56,7 +63,27 @@ impl ProxyState {
         Self {
             inner: RwLock::new(Inner::default()),
             policy_generation: watch::channel(0).0,
+            synced: watch::channel(false).0,
         }
+    }
+
+    /// Marks the state synced: every source delivered its first complete response. Once
+    /// synced it stays synced (later source outages keep the last known state).
+    pub fn mark_synced(&self) {
+        self.synced
+            .send_if_modified(|s| !std::mem::replace(s, true));
+    }
+
+    /// Whether [`ProxyState::mark_synced`] was called.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Completes once the state is synced.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        // The sender lives as long as `self`, so this only ends when the value is true.
+        let _ = rx.wait_for(|s| *s).await;
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Inner> {

@@ -8,8 +8,9 @@
 //! it with an ACK, or a NACK whose `error_detail` names every refused resource and field
 //! (valid resources of a NACKed response are still applied; see [`handler`]). A broken
 //! stream is retried with exponential backoff (10 ms doubling to 15 s), reset once a stream
-//! delivered a response. The "state manager" readiness guard is released once each type got
-//! its first ACKed response. On-demand (`XDS_ON_DEMAND`) subscriptions are not implemented:
+//! delivered a response. Once each type got its first ACKed response, the state is marked
+//! synced (the data path and the ZDS client wait for that) and the "state manager" readiness
+//! guard is released. A NACKed response does not count: its refused resources are missing. On-demand (`XDS_ON_DEMAND`) subscriptions are not implemented:
 //! the client always subscribes to everything.
 
 pub mod handler;
@@ -140,17 +141,20 @@ impl XdsClientConfig {
     }
 }
 
-/// Holds the "state manager" readiness task until every type had an ACKed response.
+/// Holds the "state manager" readiness task, and the state unsynced, until every type had an
+/// ACKed response.
 #[derive(Debug)]
 struct ReadyTracker {
     guard: Option<BlockReady>,
+    state: Arc<ProxyState>,
     waiting: BTreeSet<&'static str>,
 }
 
 impl ReadyTracker {
-    fn new(guard: BlockReady) -> Self {
+    fn new(guard: BlockReady, state: Arc<ProxyState>) -> Self {
         Self {
             guard: Some(guard),
+            state,
             waiting: TYPE_URLS.into_iter().collect(),
         }
     }
@@ -160,6 +164,7 @@ impl ReadyTracker {
         if self.waiting.is_empty() {
             if let Some(guard) = self.guard.take() {
                 tracing::info!("xDS: initial configuration received");
+                self.state.mark_synced();
                 guard.mark_ready();
             }
         }
@@ -196,6 +201,7 @@ pub struct XdsClient {
     client: AggregatedDiscoveryServiceClient<Channel>,
     config: XdsClientConfig,
     handler: Handler,
+    state: Arc<ProxyState>,
     metrics: Metrics,
 }
 
@@ -211,7 +217,8 @@ impl XdsClient {
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
             config,
-            handler: Handler::new(state),
+            handler: Handler::new(state.clone()),
+            state,
             metrics,
         }
     }
@@ -219,7 +226,7 @@ impl XdsClient {
     /// Streams until `drain` is signaled; `ready` is released after the first ACKed response
     /// of every type (and dropped unreleased-but-irrelevant if drained before).
     pub async fn run(mut self, ready: BlockReady, drain: DrainWatcher) {
-        let mut ready = ReadyTracker::new(ready);
+        let mut ready = ReadyTracker::new(ready, self.state.clone());
         let backoff = self.config.backoff;
         let mut delay = backoff.initial;
         loop {

@@ -1,6 +1,7 @@
 //! Workload xDS over the wire: the control plane's delta ADS server (`ambit_control::xds`)
 //! behind its real TLS gRPC server, talked to by a raw protocol client and by ztunnel's
-//! `XdsClient` feeding a `ProxyState`.
+//! `XdsClient` feeding a `ProxyState`, and what waits for that state to sync (the in-pod
+//! manager's ZDS connection).
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
@@ -17,9 +18,12 @@ use ambit_model::{
 use ambit_proto::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ambit_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use ambit_proto::prost::Message;
-use ambit_proto::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, rpc, workload};
+use ambit_proto::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, rpc, security, workload};
 use ambit_tls::LocalCa;
 use ambit_ztunnel::config::AuthToken;
+use ambit_ztunnel::identity::{CertManager, CertProvider, IdentityError};
+use ambit_ztunnel::inpod::InpodManager;
+use ambit_ztunnel::proxy::ConnectionTracker;
 use ambit_ztunnel::readiness::Ready;
 use ambit_ztunnel::state::ProxyState;
 use ambit_ztunnel::telemetry::{Exposition, Metrics};
@@ -558,6 +562,130 @@ async fn client_syncs_refuses_invalid_and_resyncs_after_restart() {
     );
     assert!(ready.is_ready());
 
+    drop(drain);
+    within("the client to stop", client_task).await.unwrap();
+    cp.stop().await;
+}
+
+/// A certificate source for a manager that never starts a pod here.
+struct NoCa;
+
+impl CertProvider for NoCa {
+    fn fetch<'a>(
+        &'a self,
+        identity: &'a SpiffeId,
+    ) -> ambit_ztunnel::identity::BoxFuture<'a, ambit_tls::WorkloadCertificate> {
+        Box::pin(async move {
+            Err(IdentityError::Ca {
+                identity: identity.clone(),
+                message: "no CA in this test".into(),
+            })
+        })
+    }
+}
+
+/// A policy whose source CIDR has a 5-byte address: refused, so its response is NACKed.
+fn invalid_policy(name: &str) -> security::Authorization {
+    let mut p = security::Authorization::from(&policy(name));
+    p.rules = vec![security::Rule {
+        clauses: vec![security::Clause {
+            matches: vec![security::Match {
+                source_ips: vec![security::Address {
+                    address: vec![1, 2, 3, 4, 5],
+                    length: 32,
+                }],
+                ..Default::default()
+            }],
+        }],
+    }];
+    p
+}
+
+/// Hole: an in-pod ztunnel joined the node's ZDS (and so acked pods and served them) before
+/// its policy state had synced, evaluating every connection against a policy set that was
+/// empty or missing a refused policy. It must join only once both types had an ACKed
+/// response.
+#[tokio::test]
+async fn zds_is_joined_only_once_policy_has_synced() {
+    let ca = LocalCa::generate("cluster.local").unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    // Addresses are fine; the Authorization response carries one refused policy.
+    let mut snap = snapshot(&[("w1", "node1")], &[], &["p1"], &[]);
+    snap.insert_message("default/refused", &invalid_policy("refused"));
+    let cp = ControlPlane::start(&ca, addr, snap).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("ztunnel.sock");
+    let zds = ambit_netns::SeqPacketListener::bind(&uds).unwrap();
+    let vars: Vec<(String, String)> = [
+        ("PROXY_MODE", "shared"),
+        ("INPOD_UDS", uds.to_str().unwrap()),
+        ("NODE_NAME", "node1"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let cfg = Arc::new(ambit_ztunnel::Config::from_vars(&vars, 1, &|_| false).unwrap());
+
+    let state = Arc::new(ProxyState::new());
+    let metrics = Metrics::new("test");
+    let ready = Ready::new();
+    let (drain, watcher) = ambit_ztunnel::drain::new();
+    let config = XdsClientConfig {
+        node: ambit_ztunnel::xds::node_from_config(&cfg),
+        token: Some(AuthToken::Literal(TOKEN.into())),
+        cluster_id: "Kubernetes".into(),
+        headers: vec![],
+        backoff: Backoff::default(),
+    };
+    let client = XdsClient::new(cp.channel(&ca), config, state.clone(), metrics.clone());
+    let client_task = tokio::spawn(client.run(ready.register_task("state manager"), watcher));
+    let mgr = Arc::new(InpodManager::new(
+        cfg,
+        state.clone(),
+        CertManager::new(NoCa),
+        Arc::new(metrics.clone()),
+        ConnectionTracker::new(),
+        ready.clone(),
+        tokio::runtime::Handle::current(),
+    ));
+    let (mgr_drain, mgr_watcher) = ambit_ztunnel::drain::new();
+    let mgr_task = tokio::spawn(mgr.run(mgr_watcher));
+
+    // Both responses were handled (the refused one NACKed, the rest applied) ...
+    eventually("the first responses", || {
+        has_workload(&state, "w1", "node1")
+            && has_policy(&state, "p1")
+            && auth_messages(&metrics).0 >= 1
+    })
+    .await;
+    // ... and still no ztunnel on the ZDS socket. (Bounded: absence needs a window.)
+    let early = tokio::time::timeout(Duration::from_millis(500), zds.accept()).await;
+    assert!(
+        early.is_err(),
+        "ztunnel joined ZDS before Authorization had an ACKed response"
+    );
+
+    // The fix arrives: ACK, synced, and ztunnel connects and says hello.
+    cp.xds
+        .update(snapshot(&[("w1", "node1")], &[], &["p1", "refused"], &[]));
+    let conn = within("the ZDS connection", zds.accept()).await.unwrap();
+    let mut buf = [0u8; ambit_netns::MAX_DATAGRAM];
+    let (n, _) = within("the hello", conn.recv_with_fd(&mut buf))
+        .await
+        .unwrap();
+    assert_eq!(&buf[..n], &[0x08, 0x01]);
+
+    mgr_drain
+        .start_drain_and_wait(
+            ambit_ztunnel::drain::DrainMode::Graceful,
+            Duration::from_secs(5),
+        )
+        .await;
+    within("the manager to stop", mgr_task).await.unwrap();
     drop(drain);
     within("the client to stop", client_task).await.unwrap();
     cp.stop().await;

@@ -25,9 +25,20 @@ enum End {
     SendFailed(SeqPacketError),
 }
 
-/// Runs connections until the drain is signaled.
+/// Runs connections until the drain is signaled. The first connection is only made once
+/// the policy state has synced (like upstream): until then the agent sees no ztunnel (on a
+/// hand-off it keeps sending new pods to the old one) and no pod is served against a state
+/// without its policies.
 pub(super) async fn run(mgr: &InpodManager, drain: &DrainWatcher) {
     let path = mgr.inputs.cfg.inpod_uds.clone();
+    if !mgr.inputs.state.is_synced() {
+        tracing::info!("waiting for the policy state to sync before joining the node's ZDS");
+        tokio::select! {
+            _ = drain.signaled() => return,
+            () = mgr.inputs.state.wait_synced() => {}
+        }
+        tracing::info!("policy state synced");
+    }
     let mut backoff = BACKOFF_INITIAL;
     loop {
         let connected = tokio::select! {

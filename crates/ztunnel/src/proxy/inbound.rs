@@ -51,9 +51,16 @@ impl TlsCache {
 
 pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
     let tls = Arc::new(TlsCache::default());
-    super::accept_loop("inbound", listener, drain, move |stream, peer, watcher| {
-        handle_conn(stream, peer, inputs.clone(), tls.clone(), watcher)
-    })
+    let gate = super::SyncGate::new(inputs.state.clone());
+    super::accept_loop(
+        "inbound",
+        listener,
+        gate,
+        drain,
+        move |stream, peer, watcher| {
+            handle_conn(stream, peer, inputs.clone(), tls.clone(), watcher)
+        },
+    )
     .await;
 }
 

@@ -21,9 +21,11 @@ use crate::telemetry::{
 pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
     // One shared copy: each connection's task holds a pointer, not a clone of the inputs.
     let inputs = Arc::new(inputs);
+    let gate = super::SyncGate::new(inputs.state.clone());
     super::accept_loop(
         "inbound plaintext",
         listener,
+        gate,
         drain,
         move |stream, peer, watcher| handle(stream, peer, inputs.clone(), watcher),
     )

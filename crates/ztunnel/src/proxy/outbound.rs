@@ -64,9 +64,14 @@ pub enum Route {
 pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: DrainWatcher) {
     // One shared copy: each connection's task holds a pointer, not a clone of the inputs.
     let inputs = Arc::new(inputs);
-    super::accept_loop("outbound", listener, drain, move |stream, peer, watcher| {
-        handle(stream, peer, inputs.clone(), watcher)
-    })
+    let gate = super::SyncGate::new(inputs.state.clone());
+    super::accept_loop(
+        "outbound",
+        listener,
+        gate,
+        drain,
+        move |stream, peer, watcher| handle(stream, peer, inputs.clone(), watcher),
+    )
     .await;
 }
 

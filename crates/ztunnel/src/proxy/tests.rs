@@ -1,0 +1,102 @@
+//! The accept loop's policy-sync gate, over loopback sockets.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{SyncGate, accept_loop};
+use crate::state::ProxyState;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Serves one listener whose handler answers "ok"; returns its address, the state behind
+/// its gate and the drain trigger.
+async fn serve(
+    gate_wait: Duration,
+) -> (
+    std::net::SocketAddr,
+    Arc<ProxyState>,
+    crate::drain::DrainTrigger,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = Arc::new(ProxyState::new());
+    let gate = SyncGate {
+        state: state.clone(),
+        wait: gate_wait,
+    };
+    let (trigger, watcher) = crate::drain::new();
+    tokio::spawn(accept_loop(
+        "test",
+        listener,
+        gate,
+        watcher,
+        |mut s: TcpStream, _, _| async move {
+            let _ = s.write_all(b"ok").await;
+        },
+    ));
+    (addr, state, trigger)
+}
+
+/// What the client reads until EOF (empty: closed without an answer).
+async fn answer(mut s: TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
+        .await
+        .expect("the connection ends")
+        .unwrap_or_default();
+    out
+}
+
+#[tokio::test]
+async fn connections_wait_for_the_policy_sync() {
+    struct Case {
+        what: &'static str,
+        synced_before: bool,
+        synced_while_held: bool,
+        gate_wait: Duration,
+        answered: bool,
+    }
+    let cases = [
+        Case {
+            what: "already synced: served at once",
+            synced_before: true,
+            synced_while_held: false,
+            gate_wait: WAIT,
+            answered: true,
+        },
+        Case {
+            what: "synced while the connection is held: served then",
+            synced_before: false,
+            synced_while_held: true,
+            gate_wait: WAIT,
+            answered: true,
+        },
+        Case {
+            what: "never synced: closed at the deadline, never served",
+            synced_before: false,
+            synced_while_held: false,
+            gate_wait: Duration::from_millis(100),
+            answered: false,
+        },
+    ];
+    for case in cases {
+        let (addr, state, _trigger) = serve(case.gate_wait).await;
+        if case.synced_before {
+            state.mark_synced();
+        }
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        if case.synced_while_held {
+            // Held: nothing arrives while the state is not synced.
+            let mut b = [0u8; 2];
+            let early = tokio::time::timeout(Duration::from_millis(200), conn.read(&mut b)).await;
+            assert!(early.is_err(), "{}: answered before the sync", case.what);
+            state.mark_synced();
+        }
+        let got = answer(conn).await;
+        let want: &[u8] = if case.answered { b"ok" } else { b"" };
+        assert_eq!(got, want, "{}", case.what);
+    }
+}
