@@ -8,6 +8,18 @@
 //! exactly the types, checks and defaults of objects from files. An object the loader rejects
 //! is logged and left out; the rest of the cluster still translates.
 //!
+//! Except security objects: the API server has already accepted them, and leaving out a
+//! policy fails open (a missing DENY, or a missing ALLOW that was the only one). An
+//! AuthorizationPolicy or PeerAuthentication the loader refuses (an unknown field, a bad
+//! value) is logged as an error and kept in its fail-closed form instead: its metadata and,
+//! where they still read, its selector, action and targetRefs, marked
+//! [`rejected`](crate::objects::AuthorizationPolicy::rejected). Translation then sends such
+//! an ALLOW policy without rules (allows nothing) and such a DENY policy with one empty rule
+//! (denies everything in its scope), with a warning each time; a refused PeerAuthentication
+//! counts as STRICT for its whole scope. A selector that does not read leaves the policy
+//! namespace-wide (fail closed for every workload of the namespace); an action that does not
+//! read makes it a DENY.
+//!
 //! [`KubeSource::watch`] returns after the first complete list of every kind (failing on the
 //! first API error, as a broken directory fails `DirectorySource::watch`); afterwards API
 //! errors are logged and retried with backoff, and the last snapshot stays.
@@ -21,7 +33,7 @@ use ambit_kubeapi::{Client, Reflector, ReflectorEvent, object_key};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::objects::{Kind, Object, ObjectError, ObjectKey, ObjectSet, load_documents};
+use crate::objects::{Kind, Object, ObjectError, ObjectKey, ObjectSet, Resource, load_documents};
 use crate::translate::{Cluster, ClusterConfig};
 
 /// Where each kind is listed and watched, and the `apiVersion` its list items are given.
@@ -222,7 +234,18 @@ fn to_object(kind: Kind, api_version: &str, mut item: Value) -> Result<Object, O
     }
     // Pretty form: block-indented JSON is YAML every YAML 1.1 parser reads alike.
     let text = serde_json::to_string_pretty(&item).unwrap_or_default();
-    let mut loaded = load_documents(&origin, &text)?;
+    let mut loaded = match load_documents(&origin, &text) {
+        Ok(loaded) => loaded,
+        Err(e) if matches!(kind, Kind::AuthorizationPolicy | Kind::PeerAuthentication) => {
+            let kept = fail_closed(&origin, kind, &item, &e).ok_or(e.clone())?;
+            tracing::error!(
+                error = %e,
+                "security object from the API server refused; enforced in its fail-closed form"
+            );
+            vec![kept]
+        }
+        Err(e) => return Err(e),
+    };
     match loaded.pop() {
         Some(object) if loaded.is_empty() => Ok(object),
         _ => Err(ObjectError::Missing {
@@ -233,6 +256,55 @@ fn to_object(kind: Kind, api_version: &str, mut item: Value) -> Result<Object, O
             field: "object",
         }),
     }
+}
+
+/// The fail-closed stand-in for a security object the loader refused (see the module doc):
+/// `None` when not even its metadata reads.
+fn fail_closed(origin: &str, kind: Kind, item: &Value, refused: &ObjectError) -> Option<Object> {
+    use crate::objects::security::{
+        AuthorizationPolicy, AuthzAction, PeerAuthentication, TargetRef, WorkloadSelector,
+    };
+    let spec = item.get("spec");
+    let part = |name: &str| spec.and_then(|s| s.get(name)).filter(|v| !v.is_null());
+    let selector =
+        part("selector").and_then(|v| serde_json::from_value::<WorkloadSelector>(v.clone()).ok());
+    // Only the metadata goes through the loader (its defaults and checks), under this kind.
+    let bare = serde_json::json!({
+        "apiVersion": item.get("apiVersion"),
+        "kind": kind.as_str(),
+        "metadata": item.get("metadata"),
+    });
+    let text = serde_json::to_string_pretty(&bare).ok()?;
+    let mut object = load_documents(origin, &text).ok()?.pop()?;
+    let reason = refused.to_string();
+    object.resource = match object.resource {
+        Resource::AuthorizationPolicy(ap) => {
+            let action = part("action")
+                .map(|v| {
+                    serde_json::from_value::<AuthzAction>(v.clone()).unwrap_or(AuthzAction::Deny)
+                })
+                .unwrap_or_default();
+            let targeted = part("targetRef").is_some()
+                || part("targetRefs").is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()));
+            let target_refs = if targeted {
+                vec![TargetRef::default()]
+            } else {
+                Vec::new()
+            };
+            Resource::AuthorizationPolicy(AuthorizationPolicy::rejected(
+                ap.metadata,
+                selector,
+                target_refs,
+                action,
+                reason,
+            ))
+        }
+        Resource::PeerAuthentication(pa) => Resource::PeerAuthentication(
+            PeerAuthentication::rejected(pa.metadata, selector, reason),
+        ),
+        _ => return None,
+    };
+    Some(object)
 }
 
 /// A running API watch: the latest snapshot and the task that maintains it.
@@ -393,5 +465,135 @@ mod tests {
             json!({"metadata": {"name": "ok", "namespace": "x"}, "spec": {"hostNetwork": "yes"}});
         apply(&mut objects, Kind::Pod, "v1", ReflectorEvent::Updated(bad));
         assert!(objects.is_empty());
+    }
+
+    /// Issue 12, hole 3: a security object the API server accepted but the loader refuses
+    /// (unknown field, bad value) is enforced in its fail-closed form, never left out.
+    #[test]
+    fn refused_security_objects_fail_closed() {
+        use ambit_model::authz::{Action, Rule, Scope};
+        let ap = |name: &str, spec: Value| json!({"metadata": {"name": name, "namespace": "apps"}, "spec": spec});
+        // (case, policy, expected scope, action, rules, warning fragment)
+        type Case = (&'static str, Value, Scope, Action, Vec<Rule>, &'static str);
+        let cases: Vec<Case> = vec![
+            (
+                "typo in an ALLOW source: allows nothing",
+                ap(
+                    "typo",
+                    json!({"selector": {"matchLabels": {"app": "a"}},
+                    "rules": [{"from": [{"source": {"principal": ["x"]}}]}]}),
+                ),
+                Scope::WorkloadSelector,
+                Action::Allow,
+                vec![],
+                "unknown field `principal`",
+            ),
+            (
+                "typo in a DENY: denies everything in scope",
+                ap(
+                    "typo",
+                    json!({"action": "DENY", "rules": [{"to": [{"operation": {"port": ["80"]}}]}]}),
+                ),
+                Scope::Namespace,
+                Action::Deny,
+                vec![Rule::default()],
+                "unknown field `port`",
+            ),
+            (
+                "typo in the selector: the whole namespace",
+                ap(
+                    "typo",
+                    json!({"selector": {"matchLabel": {"app": "a"}}, "rules": [{}]}),
+                ),
+                Scope::Namespace,
+                Action::Allow,
+                vec![],
+                "unknown field `matchLabel`",
+            ),
+            (
+                "unreadable action: DENY",
+                ap("typo", json!({"action": "REJECT", "rules": [{}]})),
+                Scope::Namespace,
+                Action::Deny,
+                vec![Rule::default()],
+                "REJECT",
+            ),
+        ];
+        for (case, item, scope, action, rules, fragment) in cases {
+            let mut objects = Objects::new();
+            apply(
+                &mut objects,
+                Kind::AuthorizationPolicy,
+                "security.istio.io/v1",
+                ReflectorEvent::Added(item),
+            );
+            let t = snapshot(&ClusterConfig::default(), &objects).translate();
+            assert_eq!(t.policies.len(), 1, "{case}: {:?}", t.warnings);
+            let p = &t.policies[0];
+            assert_eq!(
+                (p.scope, p.action, &p.rules),
+                (scope, action, &rules),
+                "{case}"
+            );
+            assert!(
+                t.warnings
+                    .iter()
+                    .any(|w| w.contains("rejected") && w.contains(fragment)),
+                "{case}: {:?}",
+                t.warnings
+            );
+        }
+    }
+
+    /// A refused PeerAuthentication counts as STRICT (port-level exceptions dropped); one with
+    /// port keys as the API server writes them (JSON strings) reads as it should.
+    #[test]
+    fn peer_authentications_from_the_api_server() {
+        let pa =
+            |spec: Value| json!({"metadata": {"name": "pa", "namespace": "apps"}, "spec": spec});
+        let cases = [
+            (
+                "refused: STRICT",
+                pa(json!({"mtls": {"mode": "PERMISSIVE"}, "portLevelMTLS": {}})),
+                true,
+            ),
+            (
+                "string port keys read",
+                pa(json!({"selector": {"matchLabels": {"app": "a"}},
+                "mtls": {"mode": "PERMISSIVE"}, "portLevelMtls": {"8080": {"mode": "STRICT"}}})),
+                false,
+            ),
+        ];
+        for (case, item, strict) in cases {
+            let mut objects = Objects::new();
+            apply(
+                &mut objects,
+                Kind::Pod,
+                "v1",
+                ReflectorEvent::Added(pod("a", "10.0.0.1")),
+            );
+            apply(
+                &mut objects,
+                Kind::PeerAuthentication,
+                "security.istio.io/v1",
+                ReflectorEvent::Added(item),
+            );
+            assert_eq!(objects.len(), 2, "{case}");
+            let t = snapshot(&ClusterConfig::default(), &objects).translate();
+            let w = t.workloads.iter().find(|w| w.name == "a").unwrap();
+            let listed: Vec<String> = w
+                .authorization_policies
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            assert_eq!(
+                listed.contains(&"istio-system/istio_converted_static_strict".to_string()),
+                strict,
+                "{case}: {listed:?}"
+            );
+            if !strict {
+                assert_eq!(listed, ["apps/converted_peer_authentication_pa"], "{case}");
+            }
+        }
     }
 }

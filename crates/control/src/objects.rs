@@ -123,11 +123,17 @@ impl fmt::Display for ObjectKey {
 /// Why a set of documents could not be loaded. Every variant names the file and document.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectError {
-    /// The text is not YAML, or a field has the wrong type or value. `message` is the YAML
-    /// library's, with the field path and position when it knows them.
-    #[error("{origin}{}: {message}", line.map(|l| format!(" (line {l})")).unwrap_or_default())]
+    /// The text is not YAML, or a field is unknown (security kinds) or has the wrong type or
+    /// value. `object` names the document's object (`Kind namespace/name`) when its kind and
+    /// name could be read; `message` is the YAML library's, with the key path.
+    #[error(
+        "{origin}{}{}: {message}",
+        object.as_ref().map(|o| format!(" ({o})")).unwrap_or_default(),
+        line.map(|l| format!(" (line {l})")).unwrap_or_default()
+    )]
     Yaml {
         origin: Origin,
+        object: Option<String>,
         line: Option<usize>,
         message: String,
     },

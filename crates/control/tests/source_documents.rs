@@ -187,11 +187,11 @@ fn reads_every_kind() {
     assert_eq!(ap.spec.action, AuthzAction::Allow);
     let rule = &ap.spec.rules[0];
     assert_eq!(
-        rule.from[0].source.principals,
+        rule.from[0].source.as_ref().unwrap().principals,
         ["cluster.local/ns/demo/sa/client-sa"]
     );
-    assert_eq!(rule.to[0].operation.ports, ["80"]);
-    assert_eq!(rule.to[0].operation.methods, ["GET"]);
+    assert_eq!(rule.to[0].operation.as_ref().unwrap().ports, ["80"]);
+    assert_eq!(rule.to[0].operation.as_ref().unwrap().methods, ["GET"]);
     assert_eq!(rule.when[0].key, "source.ip");
 }
 
@@ -368,4 +368,212 @@ fn duplicates_across_files_name_both() {
         err,
         "two.yaml: document 1: duplicate Namespace a (first defined at one.yaml: document 1)"
     );
+}
+
+/// A misspelt key in a security object must never parse as an absent one (an ALLOW with
+/// `from: [{source: {principal: [...]}}]` would otherwise allow everyone): the loader refuses
+/// it at any depth, naming the file, the document (index and object) and the key path.
+#[test]
+fn security_kinds_refuse_unknown_fields() {
+    let ap = |spec: &str| {
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: demo}}\n---\n\
+             apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\n\
+             metadata: {{name: allow, namespace: demo}}\nspec:\n{spec}"
+        )
+    };
+    let pa = |spec: &str| {
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: demo}}\n---\n\
+             apiVersion: security.istio.io/v1beta1\nkind: PeerAuthentication\n\
+             metadata: {{name: strict, namespace: demo}}\nspec:\n{spec}"
+        )
+    };
+    // (case, text, object named in the error, key path, unknown key)
+    let cases: Vec<(&str, String, &str, &str, &str)> = vec![
+        (
+            "source.principal (typo of principals)",
+            ap(
+                "  rules:\n  - from:\n    - source:\n        principal: [cluster.local/ns/demo/sa/a]\n",
+            ),
+            "AuthorizationPolicy demo/allow",
+            "spec.rules[0].from[0].source",
+            "principal",
+        ),
+        (
+            "from entry",
+            ap("  rules:\n  - from:\n    - sources: {principals: [a]}\n"),
+            "AuthorizationPolicy demo/allow",
+            "spec.rules[0].from[0]",
+            "sources",
+        ),
+        (
+            "rule",
+            ap("  rules:\n  - form: [{source: {principals: [a]}}]\n"),
+            "AuthorizationPolicy demo/allow",
+            "spec.rules[0]",
+            "form",
+        ),
+        (
+            "spec",
+            ap("  rule: [{}]\n"),
+            "AuthorizationPolicy demo/allow",
+            "spec",
+            "rule",
+        ),
+        (
+            "operation",
+            ap("  rules:\n  - to: [{operation: {port: ['80']}}]\n"),
+            "AuthorizationPolicy demo/allow",
+            "spec.rules[0].to[0].operation",
+            "port",
+        ),
+        (
+            "to entry",
+            ap("  rules:\n  - to: [{operations: {ports: ['80']}}]\n"),
+            "AuthorizationPolicy demo/allow",
+            "spec.rules[0].to[0]",
+            "operations",
+        ),
+        (
+            "condition",
+            ap("  rules:\n  - when: [{key: source.ip, value: [10.0.0.0/8]}]\n"),
+            "AuthorizationPolicy demo/allow",
+            "spec.rules[0].when[0]",
+            "value",
+        ),
+        (
+            "selector",
+            ap("  selector: {matchLabel: {app: a}}\n"),
+            "AuthorizationPolicy demo/allow",
+            "spec.selector",
+            "matchLabel",
+        ),
+        (
+            "targetRef",
+            ap("  targetRef: {kind: Service, nam: a}\n"),
+            "AuthorizationPolicy demo/allow",
+            "spec.targetRef",
+            "nam",
+        ),
+        (
+            "top level",
+            ap("  rules: [{}]\nspecs: {}\n"),
+            "AuthorizationPolicy demo/allow",
+            "",
+            "specs",
+        ),
+        (
+            "PeerAuthentication spec",
+            pa("  mTLS: {mode: STRICT}\n"),
+            "PeerAuthentication demo/strict",
+            "spec",
+            "mTLS",
+        ),
+        (
+            "PeerAuthentication mtls",
+            pa("  mtls: {mod: STRICT}\n"),
+            "PeerAuthentication demo/strict",
+            "spec.mtls",
+            "mod",
+        ),
+        (
+            "PeerAuthentication port-level mtls",
+            pa(
+                "  selector: {matchLabels: {app: a}}\n  portLevelMtls:\n    8080: {mode: DISABLE, extra: 1}\n",
+            ),
+            "PeerAuthentication demo/strict",
+            "spec.portLevelMtls.8080",
+            "extra",
+        ),
+        (
+            "PeerAuthentication selector",
+            pa("  selector: {matchlabels: {app: a}}\n"),
+            "PeerAuthentication demo/strict",
+            "spec.selector",
+            "matchlabels",
+        ),
+    ];
+    for (case, text, object, path, key) in cases {
+        let err = load_documents("policy.yaml", &text).expect_err(case);
+        assert_eq!(err.origin().document, 2, "{case}: {err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("policy.yaml: document 2 ({object})")),
+            "{case}: {text}"
+        );
+        let at = if path.is_empty() {
+            String::new()
+        } else {
+            format!("{path}: ")
+        };
+        assert!(
+            text.contains(&format!("{at}unknown field `{key}`")),
+            "{case}: no key path {path:?} / key {key:?} in {text}"
+        );
+    }
+}
+
+/// What stays tolerant: metadata and status of every kind (the API server adds many fields),
+/// the fields of a Pod or Service nobody reads, and every field the Istio API defines for the
+/// security kinds (even those ztunnel does not enforce).
+#[test]
+fn known_and_metadata_fields_still_load() {
+    let text = r#"
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: full
+  namespace: demo
+  resourceVersion: "12"
+  generation: 3
+  managedFields: [{manager: kubectl}]
+spec:
+  selector: {matchLabels: {app: a}}
+  action: ALLOW
+  rules:
+  - from:
+    - source:
+        principals: [a]
+        notPrincipals: [b]
+        requestPrincipals: [c]
+        notRequestPrincipals: [d]
+        namespaces: [e]
+        notNamespaces: [f]
+        serviceAccounts: [g]
+        notServiceAccounts: [h]
+        trustDomains: [td]
+        notTrustDomains: [td2]
+        ipBlocks: [10.0.0.0/8]
+        notIpBlocks: [10.1.0.0/16]
+        remoteIpBlocks: [10.2.0.0/16]
+        notRemoteIpBlocks: [10.3.0.0/16]
+    to:
+    - operation: {hosts: [a], notHosts: [b], ports: ["80"], notPorts: ["81"], methods: [GET], notMethods: [PUT], paths: [/], notPaths: [/x]}
+    when:
+    - {key: source.ip, values: [10.0.0.0/8], notValues: [10.0.0.1]}
+status:
+  conditions: [{type: Accepted, status: "True"}]
+  validationMessages: []
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: custom, namespace: demo}
+spec:
+  action: CUSTOM
+  provider: {name: ext-authz}
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: gw, namespace: demo}]
+  rules: [{}]
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: pa, namespace: demo, labels: {a: b}}
+spec:
+  selector: {matchLabels: {app: a}}
+  mtls: {mode: STRICT}
+  portLevelMtls: {"8080": {mode: PERMISSIVE}}
+status: {anything: [1, 2]}
+"#;
+    let objects = load_documents("known.yaml", text).expect("every Istio field is known");
+    assert_eq!(objects.len(), 3);
 }

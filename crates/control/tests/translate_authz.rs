@@ -200,10 +200,10 @@ fn policy_rules() {
             "",
         ),
         (
-            "ipBlocks and remoteIpBlocks: source IPs; IP or CIDR",
+            "ipBlocks and notIpBlocks: source IPs; IP or CIDR",
             ap(
                 "ns",
-                "{rules: [{from: [{source: {ipBlocks: [10.0.0.0/8, 192.168.1.1], remoteIpBlocks: ['fd00::/64'], notIpBlocks: [10.1.0.0/16], notRemoteIpBlocks: [10.2.0.1]}}]}]}",
+                "{rules: [{from: [{source: {ipBlocks: [10.0.0.0/8, 192.168.1.1, 'fd00::/64'], notIpBlocks: [10.1.0.0/16, 10.2.0.1]}}]}]}",
             ),
             Some(policy(
                 "ns",
@@ -222,20 +222,70 @@ fn policy_rules() {
             "",
         ),
         (
-            "serviceAccounts: namespace/name pairs",
+            "ALLOW: remoteIpBlocks is not the peer address: the rule is dropped, as istiod",
             ap(
                 "ns",
-                "{rules: [{from: [{source: {serviceAccounts: [a/b], notServiceAccounts: [c/d]}}]}]}",
+                "{rules: [{from: [{source: {ipBlocks: [10.0.0.0/8], remoteIpBlocks: ['fd00::/64']}}]}]}",
+            ),
+            Some(policy("ns", Namespace, Allow, vec![])),
+            "from[0].source.remoteIpBlocks",
+        ),
+        (
+            "DENY: remoteIpBlocks dropped, ipBlocks kept (denies more)",
+            ap(
+                "ns",
+                "{action: DENY, rules: [{from: [{source: {ipBlocks: [10.0.0.0/8], notRemoteIpBlocks: [10.2.0.1]}}]}]}",
+            ),
+            Some(policy(
+                "ns",
+                Namespace,
+                Deny,
+                vec![rule(vec![vec![Match {
+                    source_ips: vec![cidr("10.0.0.0/8")],
+                    ..Match::default()
+                }]])],
+            )),
+            "from[0].source.notRemoteIpBlocks",
+        ),
+        (
+            "bad remoteIpBlocks: rejected although never sent",
+            ap(
+                "ns",
+                "{action: DENY, rules: [{from: [{source: {remoteIpBlocks: [nope]}}]}]}",
+            ),
+            Some(policy("ns", Namespace, Deny, vec![rule(vec![])])),
+            "remoteIpBlocks \"nope\"",
+        ),
+        (
+            "ALLOW: trustDomains can not be checked: the rule is dropped",
+            ap(
+                "ns",
+                "{rules: [{from: [{source: {principals: [a], trustDomains: [td]}}]}]}",
+            ),
+            Some(policy("ns", Namespace, Allow, vec![])),
+            "from[0].source.trustDomains",
+        ),
+        (
+            "serviceAccounts: namespace/name pairs; a bare name is in the policy's namespace",
+            ap(
+                "ns",
+                "{rules: [{from: [{source: {serviceAccounts: [a/b, bare], notServiceAccounts: [c/d]}}]}]}",
             ),
             Some(policy(
                 "ns",
                 Namespace,
                 Allow,
                 vec![rule(vec![vec![Match {
-                    service_accounts: vec![ServiceAccountMatch {
-                        namespace: "a".into(),
-                        service_account: "b".into(),
-                    }],
+                    service_accounts: vec![
+                        ServiceAccountMatch {
+                            namespace: "a".into(),
+                            service_account: "b".into(),
+                        },
+                        ServiceAccountMatch {
+                            namespace: "ns".into(),
+                            service_account: "bare".into(),
+                        },
+                    ],
                     not_service_accounts: vec![ServiceAccountMatch {
                         namespace: "c".into(),
                         service_account: "d".into(),
@@ -244,6 +294,15 @@ fn policy_rules() {
                 }]])],
             )),
             "",
+        ),
+        (
+            "serviceAccounts with principals: Istio refuses it, rejected",
+            ap(
+                "ns",
+                "{rules: [{from: [{source: {serviceAccounts: [a/b], principals: [x]}}]}]}",
+            ),
+            Some(policy("ns", Namespace, Allow, vec![])),
+            "serviceAccounts can not be combined",
         ),
         (
             "from entries are OR-ed: one clause, one match each",
@@ -312,18 +371,31 @@ fn policy_rules() {
             "",
         ),
         (
-            "an empty source matches anyone: no from clause",
+            "an empty source (Istio refuses it): rejected, not a match-anyone",
             ap(
                 "ns",
                 "{rules: [{from: [{source: {}}], to: [{operation: {ports: ['80']}}]}]}",
             ),
-            Some(policy(
-                "ns",
-                Namespace,
-                Allow,
-                vec![rule(vec![vec![ports(&[80])]])],
-            )),
-            "",
+            Some(policy("ns", Namespace, Allow, vec![])),
+            "rules[0].from[0].source: empty",
+        ),
+        (
+            "a null source: rejected",
+            ap("ns", "{rules: [{from: [{source: null}]}]}"),
+            Some(policy("ns", Namespace, Allow, vec![])),
+            "rules[0].from[0].source: missing",
+        ),
+        (
+            "an empty operation: rejected",
+            ap("ns", "{action: DENY, rules: [{to: [{operation: {}}]}]}"),
+            Some(policy("ns", Namespace, Deny, vec![rule(vec![])])),
+            "rules[0].to[0].operation: empty",
+        ),
+        (
+            "a condition without values: rejected, not a match-anyone",
+            ap("ns", "{rules: [{when: [{key: source.ip}]}]}"),
+            Some(policy("ns", Namespace, Allow, vec![])),
+            "neither values nor notValues",
         ),
         (
             "bad port: ALLOW rejected, allows nothing",
@@ -362,10 +434,10 @@ fn policy_rules() {
             "bad service account: rejected",
             ap(
                 "ns",
-                "{rules: [{from: [{source: {serviceAccounts: [nosa]}}]}]}",
+                "{rules: [{from: [{source: {serviceAccounts: [a/b/c]}}]}]}",
             ),
             Some(policy("ns", Namespace, Allow, vec![])),
-            "serviceAccounts \"nosa\"",
+            "serviceAccounts \"a/b/c\"",
         ),
         (
             "ALLOW: a rule with L7 fields is dropped, others kept",
@@ -501,6 +573,15 @@ fn policy_rules() {
             "when[0].values \"ssh\"",
         ),
         (
+            "ALLOW: remote.ip and source.serviceAccount are not istiod's L4 keys: rule dropped",
+            ap(
+                "ns",
+                "{rules: [{when: [{key: remote.ip, values: [10.0.0.1]}]}, {when: [{key: source.serviceAccount, values: [ns/sa]}]}]}",
+            ),
+            Some(policy("ns", Namespace, Allow, vec![])),
+            "key \"remote.ip\"",
+        ),
+        (
             "v1beta1 reads the same",
             ap("ns", "{rules: [{}]}").replace("security.istio.io/v1", "security.istio.io/v1beta1"),
             Some(policy("ns", Namespace, Allow, vec![rule(vec![])])),
@@ -609,5 +690,147 @@ fn workloads_list_their_selector_policies() {
     ];
     for (pod, expected) in cases {
         assert_eq!(listed(pod), expected, "pod {pod}");
+    }
+}
+
+/// Issue 12, hole 4: the fields of one source are AND-ed, never OR-ed, and each field's
+/// meaning is istiod's. Each row is one AuthorizationPolicy rule and connections that must be
+/// allowed or denied by the workload's policy set (the policy alone in its namespace).
+#[test]
+fn source_fields_combine_as_istiod() {
+    use ambit_model::SpiffeId;
+    use ambit_model::authz::{Connection, evaluate};
+    let conn = |id: Option<&str>, src: &str, port: u16| Connection {
+        src_identity: id.map(|i| SpiffeId::parse(i).expect("SPIFFE id")),
+        src_ip: src.parse().expect("IP"),
+        dst_ip: "10.9.9.9".parse().expect("IP"),
+        dst_port: port,
+    };
+    let a = Some("spiffe://cluster.local/ns/a/sa/x");
+    let b = Some("spiffe://cluster.local/ns/b/sa/y");
+    // (case, spec, [(connection, allowed)])
+    type Row = (&'static str, &'static str, Vec<(Connection, bool)>);
+    let rows: Vec<Row> = vec![
+        (
+            "ipBlocks AND remoteIpBlocks: the ALLOW rule is dropped, nobody is allowed",
+            "{rules: [{from: [{source: {ipBlocks: [10.0.0.0/8], remoteIpBlocks: [192.168.0.0/16]}}]}]}",
+            vec![
+                (conn(a, "10.0.0.1", 80), false),
+                (conn(a, "192.168.0.1", 80), false),
+            ],
+        ),
+        (
+            "DENY ipBlocks AND remoteIpBlocks: denies the ipBlocks (more than asked), not the remote ones",
+            "{action: DENY, rules: [{from: [{source: {ipBlocks: [10.0.0.0/8], remoteIpBlocks: [192.168.0.0/16]}}]}]}",
+            vec![
+                (conn(a, "10.0.0.1", 80), false),
+                (conn(a, "192.168.0.1", 80), true),
+            ],
+        ),
+        (
+            "principals AND ipBlocks",
+            "{rules: [{from: [{source: {principals: [cluster.local/ns/a/sa/x], ipBlocks: [10.0.0.0/8]}}]}]}",
+            vec![
+                (conn(a, "10.0.0.1", 80), true),
+                (conn(a, "11.0.0.1", 80), false),
+                (conn(b, "10.0.0.1", 80), false),
+            ],
+        ),
+        (
+            "namespaces AND notIpBlocks",
+            "{rules: [{from: [{source: {namespaces: [a], notIpBlocks: [10.0.0.0/8]}}]}]}",
+            vec![
+                (conn(a, "11.0.0.1", 80), true),
+                (conn(a, "10.0.0.1", 80), false),
+                (conn(b, "11.0.0.1", 80), false),
+            ],
+        ),
+        (
+            "principals AND notNamespaces",
+            "{rules: [{from: [{source: {principals: ['*'], notNamespaces: [b]}}]}]}",
+            vec![
+                (conn(a, "10.0.0.1", 80), true),
+                (conn(b, "10.0.0.1", 80), false),
+                (conn(None, "10.0.0.1", 80), false),
+            ],
+        ),
+        (
+            "notPrincipals AND ipBlocks",
+            "{rules: [{from: [{source: {notPrincipals: [cluster.local/ns/b/sa/y], ipBlocks: [10.0.0.0/8]}}]}]}",
+            vec![
+                (conn(a, "10.0.0.1", 80), true),
+                (conn(None, "10.0.0.1", 80), true),
+                (conn(b, "10.0.0.1", 80), false),
+                (conn(a, "11.0.0.1", 80), false),
+            ],
+        ),
+        (
+            "serviceAccounts AND ipBlocks; a bare account is in the policy's namespace",
+            "{rules: [{from: [{source: {serviceAccounts: [x], ipBlocks: [10.0.0.0/8]}}]}]}",
+            vec![
+                (
+                    conn(Some("spiffe://cluster.local/ns/ns/sa/x"), "10.0.0.1", 80),
+                    true,
+                ),
+                (conn(a, "10.0.0.1", 80), false),
+                (
+                    conn(Some("spiffe://cluster.local/ns/ns/sa/x"), "11.0.0.1", 80),
+                    false,
+                ),
+            ],
+        ),
+        (
+            "two sources are OR-ed",
+            "{rules: [{from: [{source: {namespaces: [a]}}, {source: {ipBlocks: [11.0.0.0/8]}}]}]}",
+            vec![
+                (conn(a, "10.0.0.1", 80), true),
+                (conn(b, "11.0.0.1", 80), true),
+                (conn(b, "10.0.0.1", 80), false),
+            ],
+        ),
+        (
+            "requestPrincipals beside an L4 field: the ALLOW rule is dropped",
+            "{rules: [{from: [{source: {namespaces: [a], requestPrincipals: ['*']}}]}]}",
+            vec![(conn(a, "10.0.0.1", 80), false)],
+        ),
+        (
+            "source AND operation AND condition",
+            "{rules: [{from: [{source: {namespaces: [a]}}], to: [{operation: {ports: ['80']}}], when: [{key: source.ip, notValues: [10.0.0.2]}]}]}",
+            vec![
+                (conn(a, "10.0.0.1", 80), true),
+                (conn(a, "10.0.0.1", 81), false),
+                (conn(a, "10.0.0.2", 80), false),
+                (conn(b, "10.0.0.1", 80), false),
+            ],
+        ),
+        (
+            "ports AND notPorts in one operation",
+            "{rules: [{to: [{operation: {ports: ['80', '81'], notPorts: ['81']}}]}]}",
+            vec![
+                (conn(a, "10.0.0.1", 80), true),
+                (conn(a, "10.0.0.1", 81), false),
+            ],
+        ),
+        (
+            "condition values AND notValues",
+            "{rules: [{when: [{key: source.namespace, values: ['*'], notValues: [b]}]}]}",
+            vec![
+                (conn(a, "10.0.0.1", 80), true),
+                (conn(b, "10.0.0.1", 80), false),
+                (conn(None, "10.0.0.1", 80), false),
+            ],
+        ),
+    ];
+    for (case, spec, checks) in rows {
+        let t = translate(&ap("ns", spec));
+        for (c, allowed) in checks {
+            let decision = evaluate(&t.policies, &c);
+            assert_eq!(
+                decision.is_allowed(),
+                allowed,
+                "{case}: {c:?}: {:?}",
+                t.policies
+            );
+        }
     }
 }

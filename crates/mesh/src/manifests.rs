@@ -180,6 +180,7 @@ impl Manifests {
         for doc in &docs {
             let text = serde_norway::to_string(&doc.value).map_err(|e| ObjectError::Yaml {
                 origin: doc.origin.clone(),
+                object: None,
                 line: None,
                 message: e.to_string(),
             })?;
@@ -327,6 +328,7 @@ fn documents(file: &str, text: &str) -> Result<Vec<Document>, ManifestError> {
         // Already parsed successfully by the loader; stay total anyway.
         let value = Value::deserialize(doc).map_err(|e| ObjectError::Yaml {
             origin: origin.clone(),
+            object: None,
             line: e.location().map(|l| l.line()),
             message: e.to_string(),
         })?;
@@ -532,6 +534,11 @@ mod tests {
         assert!(!m.pods()[1].ambient, "default namespace has no label");
     }
 
+    /// `principal` for `principals`: refused by `ambit up` and `ambit apply` (issue 12).
+    const TYPO_POLICY: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\n\
+        metadata: {name: allow, namespace: demo}\nspec:\n  rules:\n  - from:\n    \
+        - source: {principal: [cluster.local/ns/demo/sa/a]}\n";
+
     #[test]
     fn refuses_bad_manifests_naming_file_and_document() {
         let pod = |extra: &str| {
@@ -577,6 +584,11 @@ mod tests {
                     "{GOOD}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: q}}\nspec:\n  nodeName: n\n  containers: [{{name: c}}]\n"
                 ),
                 "no command",
+            ),
+            (
+                "misspelt policy key (an ALLOW from anyone otherwise)",
+                format!("{GOOD}---\n{TYPO_POLICY}"),
+                "spec.rules[0].from[0].source: unknown field `principal`",
             ),
         ];
         for (name, text, needle) in cases {
@@ -630,6 +642,11 @@ mod tests {
                 "nope",
             ),
             ("empty", "---\n".into(), "no objects"),
+            (
+                "misspelt policy key",
+                TYPO_POLICY.into(),
+                "bad.yaml: document 1 (AuthorizationPolicy demo/allow)",
+            ),
         ];
         for (name, text, needle) in cases {
             let err = m.apply("bad.yaml", &text).expect_err(name).to_string();

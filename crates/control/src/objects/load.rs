@@ -25,17 +25,18 @@ pub fn load_documents(file: &str, text: &str) -> Result<Vec<Object>, ObjectError
     let mut kinds = Vec::new();
     // The YAML iterator repeats a failure forever: stop at the first error.
     for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
-        let value = Value::deserialize(doc).map_err(|e| yaml_error(origin(i + 1), &e))?;
-        kinds.push(document_kind(origin(i + 1), &value)?);
+        let value = Value::deserialize(doc).map_err(|e| yaml_error(origin(i + 1), None, &e))?;
+        let kind = document_kind(origin(i + 1), &value)?;
+        kinds.push(kind.map(|kind| (kind, object_label(kind, &value))));
     }
 
     let mut objects = Vec::new();
     let mut seen = BTreeMap::new();
     let docs = serde_norway::Deserializer::from_str(text);
     for (i, (doc, kind)) in docs.zip(kinds).enumerate() {
-        let Some(kind) = kind else { continue };
+        let Some((kind, label)) = kind else { continue };
         let origin = origin(i + 1);
-        let resource = typed(kind, doc).map_err(|e| yaml_error(origin.clone(), &e))?;
+        let resource = typed(kind, doc).map_err(|e| yaml_error(origin.clone(), label, &e))?;
         let object = normalise(Object { origin, resource })?;
         let key = object.key();
         if let Some(first) = seen.get(&key) {
@@ -51,9 +52,10 @@ pub fn load_documents(file: &str, text: &str) -> Result<Vec<Object>, ObjectError
     Ok(objects)
 }
 
-fn yaml_error(origin: Origin, e: &serde_norway::Error) -> ObjectError {
+fn yaml_error(origin: Origin, object: Option<String>, e: &serde_norway::Error) -> ObjectError {
     ObjectError::Yaml {
         origin,
+        object,
         line: e.location().map(|l| l.line()),
         message: e.to_string(),
     }
@@ -91,6 +93,21 @@ fn document_kind(origin: Origin, value: &Value) -> Result<Option<Kind>, ObjectEr
             api_version: api_version.to_string(),
             kind: kind.to_string(),
         })
+}
+
+/// `Kind namespace/name` of a document whose kind is known, as far as its metadata can be
+/// read (for errors; the typed pass checks the metadata properly).
+fn object_label(kind: Kind, value: &Value) -> Option<String> {
+    let meta = value.get("metadata")?;
+    let text = |field: &str| match meta.get(field) {
+        Some(Value::String(s)) if !s.is_empty() => Some(s.as_str()),
+        _ => None,
+    };
+    let name = text("name")?;
+    Some(match (kind.is_namespaced(), text("namespace")) {
+        (false, _) => format!("{kind} {name}"),
+        (true, ns) => format!("{kind} {}/{name}", ns.unwrap_or("default")),
+    })
 }
 
 fn typed(kind: Kind, doc: serde_norway::Deserializer<'_>) -> Result<Resource, serde_norway::Error> {

@@ -1,23 +1,33 @@
-//! AuthorizationPolicy → `istio.security.Authorization`.
+//! AuthorizationPolicy → `istio.security.Authorization`, following istiod's ambient conversion
+//! (`pilot/pkg/serviceregistry/ambient/authorization.go`, `convertAuthorizationPolicy` and
+//! `handleRule`) field by field, and stricter where it would fail open.
 //!
 //! - Scope: a policy with a selector is WORKLOAD_SELECTOR (workloads list it by key); without
 //!   one it is NAMESPACE, or GLOBAL in the root namespace.
 //! - A rule becomes one `Rule` whose clauses are AND-ed: one clause with a match per `from`
-//!   entry (OR-ed), one with a match per `to` entry (OR-ed), one per `when` condition. An
-//!   entry with no L4 condition matches anything, so its clause is left out (a clause with an
-//!   empty match would never match in ztunnel).
-//! - `principals`/`namespaces` values become string matches: `*` = presence, `prefix*`,
-//!   `*suffix`, else exact. `ipBlocks` and `remoteIpBlocks` become source CIDRs (at L4 the
-//!   remote address is the source address), `serviceAccounts` `ns/sa` pairs, ports `u16`.
-//! - L7 fields (hosts, methods, paths, request principals, `when` keys other than
-//!   `source.{ip,namespace,principal,serviceAccount}`, `remote.ip`, `destination.{ip,port}`)
-//!   can not be checked by ztunnel. As upstream ztunnel: an ALLOW rule using any of them is
-//!   dropped (it could never match; a policy whose rules are all dropped still exists and
-//!   allows nothing), a DENY rule just loses those conditions (it matches more broadly).
-//!   Either way is deny-safe: translation never widens what a policy allows.
-//! - A value that can not be parsed (a port, a CIDR, a service account) rejects the whole
-//!   policy, fail-closed: an ALLOW policy is sent with no rules (allows nothing), a DENY
-//!   policy with one empty rule (denies everything in its scope).
+//!   entry (OR-ed), one with a match per `to` entry (OR-ed), one per `when` condition. Inside
+//!   one match the fields of one source (or operation, or condition) are AND-ed, the values of
+//!   one field OR-ed (positive) or NOR-ed (negative), as ztunnel evaluates them.
+//! - Source fields: `principals`/`namespaces` (and `not…`) become string matches (`*` =
+//!   presence, `prefix*`, `*suffix`, else exact); `ipBlocks`/`notIpBlocks` source CIDRs;
+//!   `serviceAccounts` `ns/sa` pairs, a bare `sa` in the policy's namespace. Operation:
+//!   `ports`/`notPorts`. Conditions: `source.ip`, `source.namespace`, `source.principal`,
+//!   `destination.ip`, `destination.port`.
+//! - Everything else ztunnel can not check at L4: `remoteIpBlocks` (the client address behind
+//!   proxies, not the peer address), request principals, hosts, methods, paths, every other
+//!   `when` key (`remote.ip` and `source.serviceAccount` included), and `trustDomains` (which
+//!   istiod drops silently, widening an ALLOW). An ALLOW rule using any of them is dropped
+//!   (it could never match; a policy whose rules are all dropped still exists and allows
+//!   nothing), as istiod does. A DENY rule loses those conditions and so matches more broadly;
+//!   where that leaves a `from` or `to` entry with no condition, the entry matches anyone and
+//!   its clause is left out (istiod sends an empty match there, which ztunnel skips, so its
+//!   DENY never fires: fail open). Either way translation never widens what a policy allows.
+//! - What Istio's validation refuses, and a value that can not be parsed (a port, a CIDR, a
+//!   service account, an empty source/operation, a condition without values,
+//!   `serviceAccounts` beside `principals`/`namespaces`) rejects the whole policy,
+//!   fail-closed: an ALLOW policy is sent with no rules (allows nothing), a DENY policy with
+//!   one empty rule (denies everything in its scope). So is a policy the Kubernetes source
+//!   kept in its refused form ([`AuthorizationPolicy::rejected`]).
 //! - AUDIT and CUSTOM policies, and policies attached to waypoints (`targetRef(s)`), are not
 //!   ztunnel's: skipped.
 //! - The annotation `istio.io/dry-run: "true"` sets `dry_run`.
@@ -31,7 +41,8 @@ use ambit_model::authz::{
 use super::Cluster;
 use crate::objects::Pod;
 use crate::objects::security::{
-    AuthorizationPolicy, AuthzAction, Condition, Rule as SpecRule, labels_match, selector_labels,
+    AuthorizationPolicy, AuthzAction, Condition, Operation, Rule as SpecRule, Source, labels_match,
+    selector_labels,
 };
 
 /// Annotation that turns a policy into a dry-run policy (logged, never enforced).
@@ -125,28 +136,32 @@ pub fn convert(
             false
         }),
     };
+    let fail_closed = |warnings: &mut Vec<String>, why: String| {
+        let outcome = match action {
+            Action::Allow => "ALLOW policy sent without rules (allows nothing)",
+            Action::Deny => "DENY policy sent with one empty rule (denies everything)",
+        };
+        warnings.push(format!("{label}: rejected: {why}; {outcome}"));
+        let rules = match action {
+            Action::Allow => Vec::new(),
+            Action::Deny => vec![Rule::default()],
+        };
+        Authorization {
+            key: key.clone(),
+            scope,
+            action,
+            dry_run,
+            rules,
+        }
+    };
+    if let Some(reason) = &ap.rejected {
+        return Some(fail_closed(warnings, reason.clone()));
+    }
     let mut rules = Vec::new();
     for (i, rule) in spec.rules.iter().enumerate() {
-        let converted = match convert_rule(action, rule) {
+        let converted = match convert_rule(action, rule, &meta.namespace) {
             Ok(converted) => converted,
-            Err(bad) => {
-                let outcome = match action {
-                    Action::Allow => "ALLOW policy sent without rules (allows nothing)",
-                    Action::Deny => "DENY policy sent with one empty rule (denies everything)",
-                };
-                warnings.push(format!("{label}: rejected: rules[{i}].{bad}; {outcome}"));
-                let rules = match action {
-                    Action::Allow => Vec::new(),
-                    Action::Deny => vec![Rule::default()],
-                };
-                return Some(Authorization {
-                    key,
-                    scope,
-                    action,
-                    dry_run,
-                    rules,
-                });
-            }
+            Err(bad) => return Some(fail_closed(warnings, format!("rules[{i}].{bad}"))),
         };
         if !converted.l7.is_empty() {
             let outcome = match action {
@@ -183,18 +198,45 @@ struct Converted {
 /// Why a rule's value can not be used: `field "value": reason`.
 type Bad = String;
 
-fn convert_rule(action: Action, rule: &SpecRule) -> Result<Converted, Bad> {
+fn convert_rule(action: Action, rule: &SpecRule, namespace: &str) -> Result<Converted, Bad> {
     let mut l7 = Vec::new();
     let mut clauses = Vec::new();
 
     let mut from = Vec::new();
     let mut from_any = false;
     for (j, entry) in rule.from.iter().enumerate() {
-        let s = &entry.source;
         let path = |field: &str| format!("from[{j}].source.{field}");
+        let s = match &entry.source {
+            None => return Err(format!("from[{j}].source: missing")),
+            Some(s) if *s == Source::default() => {
+                return Err(format!("from[{j}].source: empty (Istio refuses it)"));
+            }
+            Some(s) => s,
+        };
+        let identity_fields = [
+            &s.principals,
+            &s.not_principals,
+            &s.namespaces,
+            &s.not_namespaces,
+        ];
+        if identity_fields.iter().any(|v| !v.is_empty())
+            && !(s.service_accounts.is_empty() && s.not_service_accounts.is_empty())
+        {
+            return Err(format!(
+                "from[{j}].source: serviceAccounts can not be combined with principals or \
+                 namespaces (Istio refuses it)"
+            ));
+        }
+        // Checked although never sent: Istio refuses a bad remote CIDR too.
+        cidrs(&path("remoteIpBlocks"), &s.remote_ip_blocks)?;
+        cidrs(&path("notRemoteIpBlocks"), &s.not_remote_ip_blocks)?;
         for (field, values) in [
             ("requestPrincipals", &s.request_principals),
             ("notRequestPrincipals", &s.not_request_principals),
+            ("remoteIpBlocks", &s.remote_ip_blocks),
+            ("notRemoteIpBlocks", &s.not_remote_ip_blocks),
+            ("trustDomains", &s.trust_domains),
+            ("notTrustDomains", &s.not_trust_domains),
         ] {
             if !values.is_empty() {
                 l7.push(path(field));
@@ -205,24 +247,23 @@ fn convert_rule(action: Action, rule: &SpecRule) -> Result<Converted, Bad> {
             not_principals: strings(&s.not_principals),
             namespaces: strings(&s.namespaces),
             not_namespaces: strings(&s.not_namespaces),
-            service_accounts: service_accounts(&path("serviceAccounts"), &s.service_accounts)?,
+            service_accounts: service_accounts(
+                &path("serviceAccounts"),
+                namespace,
+                &s.service_accounts,
+            )?,
             not_service_accounts: service_accounts(
                 &path("notServiceAccounts"),
+                namespace,
                 &s.not_service_accounts,
             )?,
-            source_ips: [
-                cidrs(&path("ipBlocks"), &s.ip_blocks)?,
-                cidrs(&path("remoteIpBlocks"), &s.remote_ip_blocks)?,
-            ]
-            .concat(),
-            not_source_ips: [
-                cidrs(&path("notIpBlocks"), &s.not_ip_blocks)?,
-                cidrs(&path("notRemoteIpBlocks"), &s.not_remote_ip_blocks)?,
-            ]
-            .concat(),
+            source_ips: cidrs(&path("ipBlocks"), &s.ip_blocks)?,
+            not_source_ips: cidrs(&path("notIpBlocks"), &s.not_ip_blocks)?,
             ..Match::default()
         };
         if m.is_empty() {
+            // Only attributes ztunnel can not check: the entry matches anyone (DENY; an
+            // ALLOW rule with such an entry is dropped below).
             from_any = true;
         } else {
             from.push(m);
@@ -235,8 +276,14 @@ fn convert_rule(action: Action, rule: &SpecRule) -> Result<Converted, Bad> {
     let mut to = Vec::new();
     let mut to_any = false;
     for (j, entry) in rule.to.iter().enumerate() {
-        let op = &entry.operation;
         let path = |field: &str| format!("to[{j}].operation.{field}");
+        let op = match &entry.operation {
+            None => return Err(format!("to[{j}].operation: missing")),
+            Some(op) if *op == Operation::default() => {
+                return Err(format!("to[{j}].operation: empty (Istio refuses it)"));
+            }
+            Some(op) => op,
+        };
         for (field, values) in [
             ("hosts", &op.hosts),
             ("notHosts", &op.not_hosts),
@@ -266,8 +313,7 @@ fn convert_rule(action: Action, rule: &SpecRule) -> Result<Converted, Bad> {
 
     for (j, cond) in rule.when.iter().enumerate() {
         match condition(&format!("when[{j}]"), cond)? {
-            Some(m) if !m.is_empty() => clauses.push(Clause { matches: vec![m] }),
-            Some(_) => {}
+            Some(m) => clauses.push(Clause { matches: vec![m] }),
             None => l7.push(format!("when[{j}] key {:?}", cond.key)),
         }
     }
@@ -280,13 +326,24 @@ fn convert_rule(action: Action, rule: &SpecRule) -> Result<Converted, Bad> {
     Ok(Converted { rule, l7 })
 }
 
-/// A `when` condition as a match; `None` for keys ztunnel can not check (L7).
+/// A `when` condition as a match; `None` for keys ztunnel can not check. The L4 keys are
+/// istiod's: `source.ip`, `source.namespace`, `source.principal`, `destination.ip`,
+/// `destination.port` (`remote.ip` and `source.serviceAccount` are not among them).
 fn condition(path: &str, cond: &Condition) -> Result<Option<Match>, Bad> {
     let (pos, neg) = (&cond.values, &cond.not_values);
+    if cond.key.is_empty() {
+        return Err(format!("{path}.key: empty (Istio refuses it)"));
+    }
+    if pos.is_empty() && neg.is_empty() {
+        return Err(format!(
+            "{path}: neither values nor notValues for key {:?} (Istio refuses it)",
+            cond.key
+        ));
+    }
     let vpath = format!("{path}.values");
     let npath = format!("{path}.notValues");
     let m = match cond.key.as_str() {
-        "source.ip" | "remote.ip" => Match {
+        "source.ip" => Match {
             source_ips: cidrs(&vpath, pos)?,
             not_source_ips: cidrs(&npath, neg)?,
             ..Match::default()
@@ -299,11 +356,6 @@ fn condition(path: &str, cond: &Condition) -> Result<Option<Match>, Bad> {
         "source.principal" => Match {
             principals: strings(pos),
             not_principals: strings(neg),
-            ..Match::default()
-        },
-        "source.serviceAccount" => Match {
-            service_accounts: service_accounts(&vpath, pos)?,
-            not_service_accounts: service_accounts(&npath, neg)?,
             ..Match::default()
         },
         "destination.ip" => Match {
@@ -358,19 +410,26 @@ fn ports(path: &str, values: &[String]) -> Result<Vec<u16>, Bad> {
         .collect()
 }
 
-fn service_accounts(path: &str, values: &[String]) -> Result<Vec<ServiceAccountMatch>, Bad> {
+/// `namespace/name` pairs, or a bare `name` in the policy's namespace (as istiod); Istio's
+/// validation refuses wildcards, empty parts and more than one `/`, and so does this.
+fn service_accounts(
+    path: &str,
+    namespace: &str,
+    values: &[String],
+) -> Result<Vec<ServiceAccountMatch>, Bad> {
     values
         .iter()
-        .map(|v| match v.split_once('/') {
-            Some((ns, sa)) if !ns.is_empty() && !sa.is_empty() && !sa.contains('/') => {
-                Ok(ServiceAccountMatch {
-                    namespace: ns.to_string(),
-                    service_account: sa.to_string(),
-                })
+        .map(|v| {
+            let (ns, sa) = v.split_once('/').unwrap_or((namespace, v.as_str()));
+            if ns.is_empty() || sa.is_empty() || sa.contains('/') || v.contains('*') {
+                return Err(format!(
+                    "{path} {v:?}: not a \"serviceaccount\" or \"namespace/serviceaccount\""
+                ));
             }
-            _ => Err(format!(
-                "{path} {v:?}: not a \"namespace/serviceaccount\" pair"
-            )),
+            Ok(ServiceAccountMatch {
+                namespace: ns.to_string(),
+                service_account: sa.to_string(),
+            })
         })
         .collect()
 }
