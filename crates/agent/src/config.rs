@@ -27,8 +27,8 @@ use std::time::Duration;
 use ambit_redirect::consts::{DEFAULT_PROBE_SNAT_V4, DEFAULT_PROBE_SNAT_V6};
 
 use crate::enrol::{Enablement, parse_selectors};
+use crate::installer::conflist::{ConfMode, ISTIO_OWNED_CONF_NAME};
 use crate::installer::{InstallConfig, KubeApi, SERVICE_ACCOUNT_DIR};
-use crate::plugin::install::{ConfMode, ISTIO_OWNED_CONF_NAME};
 use crate::zds::ZdsConfig;
 
 /// One bad variable.
@@ -423,7 +423,7 @@ mod tests {
 
     #[test]
     fn installer_settings() {
-        use crate::plugin::install::ConfMode;
+        use crate::installer::conflist::ConfMode;
         struct Case {
             name: &'static str,
             vars: Vec<(&'static str, &'static str)>,

@@ -15,7 +15,7 @@
 //! failures are skipped (debug log), never fatal and never a panic. Only an unreadable proc
 //! root is an error.
 //!
-//! The agent-side use (probe-set resync, cache slots, `Keep`) is in `agent/restart.rs`.
+//! The agent-side use (probe-set resync, cache slots, `Keep`) is in `daemon/restart.rs`.
 
 pub mod cgroup;
 mod procfs;

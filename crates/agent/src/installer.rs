@@ -28,6 +28,8 @@
 //! `istio_cni_install_ready`) is true only after a pass found or left everything in place,
 //! and flips false as soon as a pass sees drift, until the repair succeeds.
 
+pub mod conflist;
+
 use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -38,7 +40,7 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
 use crate::enrol::{EnablementSelector, LabelSelector};
-use crate::plugin::install::{
+use conflist::{
     ConfMode, ISTIO_CNI_TYPE, InstallError, first_valid, plan_conf, uninstall_conf,
     write_bytes_atomic,
 };

@@ -11,12 +11,11 @@
 //! | [`pods`] | [`PodSource`] (pods of this node + namespaces + annotation sink), [`LocalPodSource`] |
 //! | [`enrol`] | the §2 predicate: selectors, excludes, hostNetwork/sidecar/ztunnel pods |
 //! | [`zds`] | the ZDS server (§4): SEQPACKET socket, snapshot, Add→newest / Del→all |
-//! | [`agent`] | event loop, worker with retries, add/remove (§1.4–§1.7), restart pass (§1.8), plugin-event, health and metrics servers, verification |
+//! | [`daemon`] | the running agent: event loop, worker with retries, add/remove (§1.4–§1.7), restart pass (§1.8), plugin-event, plugin log, health and metrics servers, verification |
 //! | [`discovery`] | `/proc` scan for pod netns: cgroup pod UIDs, IP-ownership check, oldest process wins (§1.8 step 3) |
 //! | [`shutdown`] | upgrade vs uninstall (§1.10): [`shutdown::UninstallCheck`] and the full cleanup |
-//! | [`plugin_log`] | plugin log socket `log.sock` (§5.6): agent server + plugin-side sender |
-//! | [`plugin`] | [`plugin_main`] (§5.1–§5.3) and CNI config insertion as file operations (§5.5) |
-//! | [`installer`] | the installer (§1.3 step 9, §5.5): plugin binary copy, plugin kubeconfig, CNI config, re-checked every second; readiness |
+//! | [`plugin`] | [`plugin_main`] (§5.1–§5.3) and its side of the plugin log socket (§5.6) |
+//! | [`installer`] | the installer (§1.3 step 9, §5.5): plugin binary copy, plugin kubeconfig, CNI config (conflist editing as file operations in [`installer::conflist`]), re-checked every second; readiness |
 //! | [`testing`] | `FakeZtunnel`, a real ZDS peer for tests of this and other crates |
 //!
 //! Entry points for the CLI: [`plugin_main`], [`AgentConfig::from_vars`], [`run_agent`]
@@ -42,7 +41,7 @@
 //! - **Paths.** `/host` is not hard-coded: `AMBIT_HOST_PREFIX` (default none) and
 //!   `AMBIT_HOST_NETNS` choose where netns paths and the host netns are (see [`config`]).
 //! - **Probe set at startup** is resynced, never flushed: running pods' probes keep being
-//!   SNATed through an agent restart (see `agent/restart.rs`).
+//!   SNATed through an agent restart (see `daemon/restart.rs`).
 //! - **Shutdown decision**: [`shutdown::UninstallCheck`]; with the Kubernetes pod source
 //!   upstream's DaemonSet lookup ([`pods::kube_daemonset`]); without an API server upgrade
 //!   by default, `AMBIENT_DISABLE_SAFE_UPGRADE` uninstall.
@@ -55,19 +54,18 @@
 //!   episodes (a failure repeating every pass counts once).
 //! - **Not implemented yet:** the plugin's rolling log file.
 
-pub mod agent;
 pub mod config;
+pub mod daemon;
 pub mod discovery;
 pub mod enrol;
 pub mod installer;
 pub mod plugin;
-pub mod plugin_log;
 pub mod pods;
 pub mod shutdown;
 pub mod testing;
 pub mod zds;
 
-pub use agent::{AgentError, AgentHandle, run_agent, run_agent_with, start};
 pub use config::{AgentConfig, ConfigError};
+pub use daemon::{AgentError, AgentHandle, run_agent, run_agent_with, start};
 pub use plugin::plugin_main;
 pub use pods::{LocalPodSource, PodSource};

@@ -12,7 +12,7 @@
 
 pub(crate) mod client;
 mod conf;
-pub mod install;
+pub mod log;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,7 +21,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 pub use conf::{CmdAddIp, CmdAddIpNet, CmdAddRequest, PluginConf};
-pub use install::{InstallError, install_conflist};
 
 /// CNI spec versions this plugin accepts and can print results in.
 pub const SUPPORTED_VERSIONS: &[&str] = &[
@@ -121,18 +120,18 @@ fn report(env: &BTreeMap<&str, &str>, stdin: &[u8], err: Option<&CniError>) {
         args.get("K8S_POD_NAME").copied().unwrap_or("")
     );
     let line = match err {
-        None => crate::plugin_log::log_line(
-            crate::plugin_log::Level::Info,
+        None => log::log_line(
+            log::Level::Info,
             &format!("{command} done"),
             &[("pod", &pod), ("command", command)],
         ),
-        Some(e) => crate::plugin_log::log_line(
-            crate::plugin_log::Level::Error,
+        Some(e) => log::log_line(
+            log::Level::Error,
             &format!("{command} failed: {e}"),
             &[("pod", &pod), ("command", command)],
         ),
     };
-    let _ = crate::plugin_log::post_lines(Path::new(&conf.cni_agent_run_dir), &[line]);
+    let _ = log::post_lines(Path::new(&conf.cni_agent_run_dir), &[line]);
 }
 
 fn to_bytes(v: &Value) -> Vec<u8> {

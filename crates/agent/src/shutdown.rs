@@ -23,7 +23,7 @@
 //! destroy the probe set, remove our socket files. The installer has stopped by then, so
 //! it cannot put anything back. Never done, on either path: deleting in-pod rules of
 //! running pods (they stay captured until un-enrolled by a running agent). AWS branch-ENI
-//! host rules this process added are removed too ([`crate::agent::aws_eni::remove_all`]).
+//! host rules this process added are removed too ([`crate::daemon::aws_eni::remove_all`]).
 
 use std::fmt;
 use std::future::Future;
@@ -33,9 +33,9 @@ use std::time::Duration;
 
 use ambit_redirect::{ApplyError, Backend, HostRules, ProbeSet, ProbeSetError};
 
-use crate::agent::runner::HostRunner;
 use crate::config::AgentConfig;
 use crate::installer::{InstallConfig, InstallerError};
+use ambit_redirect::HostRunner;
 
 /// A boxed future, so checks can be trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -197,7 +197,7 @@ impl Cleanup {
         if let Err(e) = self.host_rules.delete(&self.host_runner) {
             errors.push(e.into());
         }
-        for e in crate::agent::aws_eni::remove_all(&self.host_runner) {
+        for e in crate::daemon::aws_eni::remove_all(&self.host_runner) {
             tracing::warn!(error = %e, "branch-ENI rule not removed");
         }
         let probe = ProbeSet::new(self.host_runner.clone(), self.backend, self.ipv6);

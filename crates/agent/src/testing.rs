@@ -26,9 +26,6 @@ use nix::sys::socket::{
 };
 use prost::Message;
 
-/// The ports ztunnel binds inside a pod netns that the agent checks.
-pub const ZTUNNEL_PORTS: [u16; 3] = [15001, 15006, 15008];
-
 /// One request as the fake ztunnel saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seen {
@@ -283,7 +280,7 @@ fn bind_ports(netns: &NetnsFd) -> io::Result<Vec<TcpListener>> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
     loop {
         let result = in_netns(netns, || {
-            ZTUNNEL_PORTS
+            ambit_contract::ports::INPOD_LISTENERS
                 .iter()
                 .map(|p| TcpListener::bind(("0.0.0.0", *p)))
                 .collect::<io::Result<Vec<_>>>()

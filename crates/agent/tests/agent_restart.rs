@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ambit_agent::plugin::install_conflist;
+use ambit_agent::installer::conflist::install_conflist;
 use ambit_agent::pods::{Namespace, Pod, PodPhase};
 use ambit_agent::shutdown::{AlwaysUpgrade, ShutdownKind, check_for};
 use ambit_agent::testing::{FakeZtunnel, Seen};

@@ -11,10 +11,10 @@ use ambit_agent::testing::cni_add;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use ambit_agent::agent::aws_eni::{self, BranchEniRoute};
-use ambit_agent::agent::runner::{FdRunner, HostRunner};
+use ambit_agent::daemon::aws_eni::{self, BranchEniRoute};
 use ambit_netns::NetnsFd;
 use ambit_netns::testing::netns_capable_or_skip;
+use ambit_redirect::{FdRunner, HostRunner};
 use ambit_topology::Topology;
 
 const TABLE: u32 = 101;

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ambit_agent::AgentConfig;
+use ambit_agent::installer::conflist::ConfMode;
 use ambit_agent::installer::{InstallConfig, Installer, InstallerError, KubeApi, Pass, uninstall};
-use ambit_agent::plugin::install::ConfMode;
 use ambit_netns::testing::netns_capable_or_skip;
 use serde_json::{Value, json};
 
@@ -670,7 +670,7 @@ async fn agent_ready_only_when_installed_and_uninstall_removes_it() {
             agent
                 .metrics
                 .installs
-                .get_or_create(&ambit_agent::agent::metrics::ResultLabel { result })
+                .get_or_create(&ambit_agent::daemon::metrics::ResultLabel { result })
                 .get()
         };
         assert_eq!(installs("SUCCESS"), 2);

@@ -8,7 +8,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::sync::{Arc, Mutex};
 
-use ambit_agent::plugin::{install_conflist, plugin_main};
+use ambit_agent::installer::conflist::install_conflist;
+use ambit_agent::plugin_main;
 use serde_json::{Value, json};
 
 /// A one-shot-per-connection HTTP server answering every request with `status`.

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ambit_agent::plugin_log::{Level, LogServer, PluginLogLine, log_line, post_lines};
+use ambit_agent::daemon::plugin_log::{Level, LogServer, PluginLogLine};
+use ambit_agent::plugin::log::{log_line, post_lines};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 

@@ -42,7 +42,6 @@ use tokio::task::JoinSet;
 use crate::{inpod, load};
 
 const TRUST_DOMAIN: &str = "cluster.local";
-const CA_PORT: u16 = 15012;
 /// The name the CA's server certificate carries (`ALT_CA_HOSTNAME`).
 const CA_HOSTNAME: &str = "ca.bench";
 const CLIENT: &str = "client";
@@ -501,7 +500,7 @@ impl Scenario {
     ) -> Result<(Arc<LocalCa>, SocketAddr)> {
         let ca = Arc::new(LocalCa::generate(TRUST_DOMAIN)?);
         let node = self.topo.node(CLIENT_NODE);
-        let addr = SocketAddr::new(IpAddr::V4(node.ip()), CA_PORT);
+        let addr = SocketAddr::new(IpAddr::V4(node.ip()), ambit_contract::ports::CONTROL_PLANE);
         let listener = node
             .netns()
             .socket_factory(None)?

@@ -60,7 +60,7 @@ fn run_kubernetes(cfg: ambit_agent::AgentConfig, env: &[(String, String)]) -> Ex
     };
     let owned = matches!(
         cfg.install.mode,
-        ambit_agent::plugin::install::ConfMode::IstioOwned { .. }
+        ambit_agent::installer::conflist::ConfMode::IstioOwned { .. }
     );
     let lookup = KubeDaemonSetLookup::new(
         source.client().clone(),

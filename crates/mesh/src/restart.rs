@@ -21,7 +21,9 @@ use ambit_netns::{NetnsFd, set_command_netns};
 
 use crate::process::{self, ProcessError};
 use crate::state::{CommandSpec, MeshState, ProcessRecord, Role, RunDir, StateError, ZtunnelPod};
-use crate::up::{Mesh, UpError, ZTUNNEL_READY_PORT, ztunnel_pod_name};
+use ambit_contract::ports;
+
+use crate::up::{Mesh, UpError, ztunnel_pod_name};
 
 /// Which node component.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +125,7 @@ pub fn restart(
     let ready = || match component {
         Component::Ztunnel => crate::probe::ok(
             &netns,
-            SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_READY_PORT)),
+            SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_READINESS)),
             "/healthz/ready",
         ),
         Component::Agent => crate::probe::ok(&netns, n.agent_health, "/readyz"),
@@ -222,7 +224,7 @@ impl Mesh {
         let timeout = self.cfg.timeout;
         let deadline = Instant::now() + timeout;
         let log_text = log.display().to_string();
-        let ready = SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_READY_PORT));
+        let ready = SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_READINESS));
         loop {
             if crate::probe::ok(&new_pod.netns, ready, "/healthz/ready") {
                 break;

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::process;
 use crate::state::{MeshState, Phase, Role, RunDir, StateError};
-use crate::up::{ZTUNNEL_ADMIN_PORT, ZTUNNEL_READY_PORT};
+use ambit_contract::ports;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -107,13 +107,13 @@ fn collect(run: &RunDir, state: &MeshState) -> Status {
                 ),
                 ready: crate::probe::ok(
                     n.ztunnel_netns(),
-                    SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_READY_PORT)),
+                    SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_READINESS)),
                     "/healthz/ready",
                 ),
             };
             let certificates = crate::probe::http_get(
                 n.ztunnel_netns(),
-                SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_ADMIN_PORT)),
+                SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_ADMIN)),
                 "/config_dump",
             )
             .and_then(|(code, body)| (code == 200).then_some(body))

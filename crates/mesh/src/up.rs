@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use ambit_contract::ports;
 use ambit_netns::{NetnsFd, set_command_netns};
 use ambit_topology::Topology;
 use rand::Rng;
@@ -33,15 +34,8 @@ use crate::state::{
     write_atomic,
 };
 
-/// The control plane's gRPC port (CA + xDS), as istiod's.
-pub const CONTROL_PORT: u16 = 15012;
 /// The DNS name the control plane's certificate carries and ztunnels verify.
 pub const CONTROL_HOSTNAME: &str = "istiod.istio-system.svc";
-/// Ports inside each node namespace.
-pub const AGENT_HEALTH_PORT: u16 = 8000;
-pub const AGENT_METRICS_PORT: u16 = 15014;
-pub const ZTUNNEL_ADMIN_PORT: u16 = 15000;
-pub const ZTUNNEL_READY_PORT: u16 = 15021;
 /// The node's primary CNI configuration (what the agent's installer chains `istio-cni` into).
 pub const PRIMARY_CONFLIST: &str = "10-ambit-mesh.conflist";
 
@@ -261,8 +255,8 @@ impl Mesh {
                 netns: n.netns().path(),
                 zds_socket: dir.join("ztunnel.sock"),
                 agent_run_dir: dir.join("cni"),
-                agent_health: SocketAddr::from(([127, 0, 0, 1], AGENT_HEALTH_PORT)),
-                agent_metrics: SocketAddr::from(([127, 0, 0, 1], AGENT_METRICS_PORT)),
+                agent_health: SocketAddr::from(([127, 0, 0, 1], ports::AGENT_HEALTH)),
+                agent_metrics: SocketAddr::from(([127, 0, 0, 1], ports::AGENT_METRICS)),
                 ztunnel: topo
                     .get_pod(&ztunnel_pod_name(n.name(), 1))
                     .map(|z| ZtunnelPod {
@@ -304,7 +298,7 @@ impl Mesh {
         let bridge_ip = topo.addressing().bridge_ip();
         let bridge_netns = topo.bridge().path();
         self.topology = Some(topo);
-        let control_addr = SocketAddr::from((bridge_ip, CONTROL_PORT));
+        let control_addr = SocketAddr::from((bridge_ip, ports::CONTROL_PLANE));
         self.state.control_address = Some(control_addr);
         self.run.save(&self.state)?;
         self.check_cancel()?;
@@ -433,7 +427,7 @@ impl Mesh {
                 },
                 || crate::probe::ok(&netns, node.agent_health, "/readyz"),
             )?;
-            let ready = SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_READY_PORT));
+            let ready = SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_READINESS));
             self.wait_for(
                 &format!("ztunnel on {}", node.name),
                 &Role::Ztunnel {

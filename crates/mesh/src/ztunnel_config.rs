@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use serde_json::Value;
 
 use crate::state::{RunDir, StateError};
-use crate::up::ZTUNNEL_ADMIN_PORT;
+use ambit_contract::ports;
 
 /// Why a dump could not be fetched.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +68,7 @@ pub fn dumps(run: &RunDir, node: Option<&str>) -> Result<Vec<(String, Value)>, C
         }
         None => state.nodes.iter().collect(),
     };
-    let admin = SocketAddr::from(([127, 0, 0, 1], ZTUNNEL_ADMIN_PORT));
+    let admin = SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_ADMIN));
     nodes
         .into_iter()
         .map(|n| {

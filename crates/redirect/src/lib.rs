@@ -33,7 +33,9 @@ pub use config::{Backend, ConfigError, Family, HostRulesConfig, IfaceName, PodRe
 pub use host::HostRules;
 pub use pod::InPod;
 pub use probe_set::{ProbeSet, ProbeSetError};
-pub use runner::{Cmd, CmdOutput, CurrentNetns, IpNetnsExec, NetnsRunner, Nsenter, RunError};
+pub use runner::{
+    Cmd, CmdOutput, CurrentNetns, FdRunner, HostRunner, IpNetnsExec, NetnsRunner, Nsenter, RunError,
+};
 
 /// The in-pod `iptables-restore --noflush` input for one family (`spec/cni.md` §3.2, §3.3).
 pub fn render_iptables(cfg: &PodRedirectConfig, family: Family) -> String {

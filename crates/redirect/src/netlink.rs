@@ -5,8 +5,8 @@
 //! pod instead of out of it. Both backends need it.
 
 use crate::config::Family;
-use crate::consts::{INPOD_CONN_MARK, INPOD_MASK, ROUTE_TABLE, RULE_PRIORITY};
 use crate::runner::Cmd;
+use ambit_contract::marks::{INPOD_CONN_MARK, INPOD_MASK, ROUTE_TABLE, RULE_PRIORITY};
 
 /// One piece of netlink state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

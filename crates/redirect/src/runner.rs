@@ -1,14 +1,20 @@
 //! Running rule tools inside a network namespace.
 //!
 //! Everything this crate does to the kernel goes through [`NetnsRunner`]: one argv (plus
-//! optional stdin) executed in some netns. Today the implementations spawn
-//! `ip netns exec` / `nsenter`; the trait is the seam where the `ambit-netns` crate (setns on a
-//! held fd) plugs in later without touching the rule code.
+//! optional stdin) executed in some netns. [`FdRunner`] starts the tool inside a namespace
+//! held by fd (setns between fork and exec, `ambit_netns::set_command_netns`), so pods whose
+//! netns has no name (`/proc/<pid>/ns/net`) work without `ip netns exec` or `nsenter`;
+//! [`HostRunner`] is the agent's host side (its own netns or a held host netns);
+//! [`IpNetnsExec`] and [`Nsenter`] go through the external tools. All of them spawn through
+//! one function.
 
 use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use ambit_netns::{NetnsFd, set_command_netns};
 
 /// Failure to run a command (as opposed to a command that ran and failed).
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +131,22 @@ pub struct Nsenter {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CurrentNetns;
 
+/// Runs commands in the namespace of `netns`.
+#[derive(Debug, Clone)]
+pub struct FdRunner {
+    /// The namespace.
+    pub netns: Arc<NetnsFd>,
+}
+
+/// The host side: the caller's own netns or a held host netns fd.
+#[derive(Debug, Clone)]
+pub enum HostRunner {
+    /// The caller's own netns.
+    Current(CurrentNetns),
+    /// An explicit host netns.
+    Fd(FdRunner),
+}
+
 impl NetnsRunner for IpNetnsExec {
     fn run(&self, cmd: &Cmd) -> Result<CmdOutput, RunError> {
         let mut argv = vec![
@@ -134,7 +156,7 @@ impl NetnsRunner for IpNetnsExec {
             self.name.clone(),
         ];
         argv.extend(cmd.argv.iter().cloned());
-        spawn(&argv, cmd.stdin.as_deref())
+        spawn(&argv, cmd.stdin.as_deref(), None)
     }
 }
 
@@ -146,17 +168,38 @@ impl NetnsRunner for Nsenter {
             "--".into(),
         ];
         argv.extend(cmd.argv.iter().cloned());
-        spawn(&argv, cmd.stdin.as_deref())
+        spawn(&argv, cmd.stdin.as_deref(), None)
     }
 }
 
 impl NetnsRunner for CurrentNetns {
     fn run(&self, cmd: &Cmd) -> Result<CmdOutput, RunError> {
-        spawn(&cmd.argv, cmd.stdin.as_deref())
+        spawn(&cmd.argv, cmd.stdin.as_deref(), None)
     }
 }
 
-fn spawn(argv: &[String], stdin: Option<&str>) -> Result<CmdOutput, RunError> {
+impl NetnsRunner for FdRunner {
+    fn run(&self, cmd: &Cmd) -> Result<CmdOutput, RunError> {
+        spawn(&cmd.argv, cmd.stdin.as_deref(), Some(&self.netns))
+    }
+}
+
+impl NetnsRunner for HostRunner {
+    fn run(&self, cmd: &Cmd) -> Result<CmdOutput, RunError> {
+        match self {
+            Self::Current(r) => r.run(cmd),
+            Self::Fd(r) => r.run(cmd),
+        }
+    }
+}
+
+/// Runs `argv` to completion, feeding `stdin`, inside `netns` when given (else in the
+/// caller's namespace).
+fn spawn(
+    argv: &[String],
+    stdin: Option<&str>,
+    netns: Option<&NetnsFd>,
+) -> Result<CmdOutput, RunError> {
     let err = |source| RunError::Spawn {
         argv: argv.join(" "),
         source,
@@ -165,7 +208,8 @@ fn spawn(argv: &[String], stdin: Option<&str>) -> Result<CmdOutput, RunError> {
         .split_first()
         .ok_or_else(|| err(std::io::Error::other("empty argv")))?;
     tracing::debug!(cmd = %argv.join(" "), "run");
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .stdin(if stdin.is_some() {
             Stdio::piped()
@@ -173,9 +217,11 @@ fn spawn(argv: &[String], stdin: Option<&str>) -> Result<CmdOutput, RunError> {
             Stdio::null()
         })
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(err)?;
+        .stderr(Stdio::piped());
+    if let Some(netns) = netns {
+        set_command_netns(&mut command, netns).map_err(|e| err(std::io::Error::other(e)))?;
+    }
+    let mut child = command.spawn().map_err(err)?;
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         // Inputs are a few KiB, well under the pipe buffer, so writing before reading
         // stdout cannot deadlock; the pipe is closed when `pipe` drops.

@@ -18,17 +18,7 @@ use serde::Serialize;
 
 pub use duration::parse_duration;
 
-/// Data-plane ports; fixed by the upstream contract (§1.2).
-pub const OUTBOUND_PORT: u16 = 15001;
-pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
-pub const HBONE_PORT: u16 = 15008;
-pub const DNS_PORT: u16 = 15053;
-pub const SOCKS5_PORT: u16 = 15080;
-pub const ADMIN_PORT: u16 = 15000;
-pub const STATS_PORT: u16 = 15020;
-pub const READINESS_PORT: u16 = 15021;
-/// Packet mark used in shared (in-pod) mode; must match the CNI rules (0x539).
-pub const DEFAULT_INPOD_MARK: u32 = 1337;
+use ambit_contract::{marks, ports};
 
 const DEFAULT_ROOT_CA: &str = "./var/run/secrets/istio/root-cert.pem";
 const DEFAULT_TOKEN_PATH: &str = "./var/run/secrets/tokens/istio-token";
@@ -555,7 +545,7 @@ impl Config {
         });
 
         let packet_mark_default = match proxy_mode {
-            ProxyMode::Shared => Some(DEFAULT_INPOD_MARK),
+            ProxyMode::Shared => Some(marks::INPOD_MARK),
             ProxyMode::Dedicated => None,
         };
         let packet_mark = r.parse("PACKET_MARK", packet_mark_default, |v| {
@@ -569,12 +559,12 @@ impl Config {
             .map(|v| v == "true")
             .unwrap_or(true);
         let dns_proxy_addr = match proxy_metadata.get("DNS_PROXY_ADDR") {
-            None => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DNS_PORT),
+            None => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ports::DNS_PROXY),
             Some(v) => match socket_addr_or_localhost(v) {
                 Ok(a) => a,
                 Err(e) => {
                     r.fail("ISTIO_META_DNS_PROXY_ADDR", v, e);
-                    SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DNS_PORT)
+                    SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ports::DNS_PROXY)
                 }
             },
         };
@@ -725,9 +715,9 @@ impl Config {
             keepalive,
             connection_termination_deadline,
             worker_threads,
-            admin_addr: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ADMIN_PORT),
-            stats_addr: SocketAddr::new(unspecified, STATS_PORT),
-            readiness_addr: SocketAddr::new(unspecified, READINESS_PORT),
+            admin_addr: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ports::ZTUNNEL_ADMIN),
+            stats_addr: SocketAddr::new(unspecified, ports::ZTUNNEL_STATS),
+            readiness_addr: SocketAddr::new(unspecified, ports::ZTUNNEL_READINESS),
             authz_policy_info_logging: r.bool("AUTHZ_POLICY_INFO_LOGGING", false),
             log_format,
             rust_log,
@@ -746,9 +736,9 @@ impl Config {
 
     /// Ports that traffic must never be proxied to (§1.2 "illegal ports").
     pub fn illegal_ports(&self) -> Vec<u16> {
-        let mut p = vec![OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, HBONE_PORT];
+        let mut p = ports::INPOD_LISTENERS.to_vec();
         if self.socks5 {
-            p.push(SOCKS5_PORT);
+            p.push(ports::SOCKS5);
         }
         p
     }

@@ -38,15 +38,18 @@ pub use metrics::{DnsMetrics, DnsRequest, NoDnsMetrics, Transport};
 pub use resolve::{Family, LocalAnswer, NameConfig};
 pub use server::{DnsListeners, DnsServer};
 
-/// The DNS proxy port inside every pod netns.
-pub const DNS_PORT: u16 = 15053;
-
 /// The addresses a pod's DNS proxy listens on: `127.0.0.1:15053`, plus `[::1]:15053` when
 /// IPv6 is enabled (binding it is best effort, see [`DnsServer::bind`]).
 pub fn listen_addrs(ipv6_enabled: bool) -> Vec<SocketAddr> {
-    let mut addrs = vec![SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, DNS_PORT))];
+    let mut addrs = vec![SocketAddr::from((
+        std::net::Ipv4Addr::LOCALHOST,
+        ambit_contract::ports::DNS_PROXY,
+    ))];
     if ipv6_enabled {
-        addrs.push(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, DNS_PORT)));
+        addrs.push(SocketAddr::from((
+            std::net::Ipv6Addr::LOCALHOST,
+            ambit_contract::ports::DNS_PROXY,
+        )));
     }
     addrs
 }

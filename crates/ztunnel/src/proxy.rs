@@ -22,7 +22,9 @@ use ambit_netns::{SocketFactory, SocketOptions, Transparent};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-use crate::config::{Config, HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
+use ambit_contract::ports;
+
+use crate::config::Config;
 use crate::identity::CertManager;
 use crate::state::ProxyState;
 use crate::telemetry::Metrics;
@@ -153,9 +155,9 @@ impl Listeners {
             TcpListener::from_std(std_listener)
                 .map_err(|source| ProxyError::Register { listener, source })
         };
-        let outbound = bind("outbound", OUTBOUND_PORT)?;
-        let inbound = bind("inbound", HBONE_PORT)?;
-        let inbound_plaintext = bind("inbound plaintext", INBOUND_PLAINTEXT_PORT)?;
+        let outbound = bind("outbound", ports::OUTBOUND)?;
+        let inbound = bind("inbound", ports::INBOUND_HBONE)?;
+        let inbound_plaintext = bind("inbound plaintext", ports::INBOUND_PLAINTEXT)?;
         let transparent = transparent != Transparent::Off
             && ambit_netns::is_transparent(&inbound).unwrap_or(false);
         Ok(Self {

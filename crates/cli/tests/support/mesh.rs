@@ -24,7 +24,6 @@ use ambit_tls::LocalCa;
 use ambit_topology::{Namespace, Topology};
 
 pub const TRUST_DOMAIN: &str = "cluster.local";
-pub const CA_PORT: u16 = 15012;
 pub const APP_PORT: u16 = 8080;
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 
@@ -223,7 +222,7 @@ impl Mesh {
 
     pub fn ca_addr(&self) -> SocketAddr {
         let node = self.topo.nodes().next().expect("a node");
-        SocketAddr::new(IpAddr::V4(node.ip()), CA_PORT)
+        SocketAddr::new(IpAddr::V4(node.ip()), ambit_contract::ports::CONTROL_PLANE)
     }
 
     fn start_ca(&self) {

@@ -7,10 +7,8 @@ use super::{
     XtablesCmd,
 };
 use crate::config::{Family, PodRedirectConfig};
-use crate::consts::{
-    DNS_CAPTURE_PORT, DNS_CT_ZONE, DNS_PORT, INPOD_CONN_MARK, INPOD_MARK, INPOD_MASK, RESTORE_MASK,
-    ZTUNNEL_INBOUND_HBONE_PORT, ZTUNNEL_INBOUND_PORT, ZTUNNEL_OUTBOUND_PORT,
-};
+use crate::consts::{DNS_CT_ZONE, RESTORE_MASK};
+use ambit_contract::{marks, ports};
 
 /// The in-pod rules for one family, in upstream's restore order.
 pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
@@ -24,7 +22,7 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
         Family::V6 => cfg.probe_snat_v6.into(),
     };
     let lo = AddrSpec::loopback(family);
-    let not_ztunnel = || M::Mark(Not, INPOD_MARK, INPOD_MASK);
+    let not_ztunnel = || M::Mark(Not, marks::INPOD_MARK, marks::INPOD_MASK);
     let redirect = |port| Target::Redirect(port, PortsSpelling::Ports);
     let mut r = Vec::new();
     let mut add = |t, c, m, tg| r.push(Rule::append(t, c, m, tg));
@@ -36,13 +34,13 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
     add(
         Mangle,
         IPre,
-        vec![M::Mark(Is, INPOD_MARK, INPOD_MASK)],
-        Target::ConnMarkSetXmark(INPOD_CONN_MARK, INPOD_MASK),
+        vec![M::Mark(Is, marks::INPOD_MARK, marks::INPOD_MASK)],
+        Target::ConnMarkSetXmark(marks::INPOD_CONN_MARK, marks::INPOD_MASK),
     );
     add(
         Mangle,
         IOut,
-        vec![M::ConnMark(INPOD_CONN_MARK, INPOD_MASK)],
+        vec![M::ConnMark(marks::INPOD_CONN_MARK, marks::INPOD_MASK)],
         Target::ConnMarkRestore {
             nfmask: RESTORE_MASK,
             ctmask: RESTORE_MASK,
@@ -59,7 +57,7 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
                 M::Proto(Proto::Tcp),
             ]
         };
-        add(Nat, IPre, on_iface(), redirect(ZTUNNEL_OUTBOUND_PORT));
+        add(Nat, IPre, on_iface(), redirect(ports::OUTBOUND));
         add(Nat, IPre, on_iface(), Target::Return);
     }
     let tcp = || [M::Proto(Proto::Tcp), M::ProtoModule(Proto::Tcp)];
@@ -78,10 +76,10 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
             vec![
                 M::Dest(Not, lo),
                 M::Proto(Proto::Tcp),
-                M::Dport(Not, ZTUNNEL_INBOUND_HBONE_PORT),
+                M::Dport(Not, ports::INBOUND_HBONE),
                 not_ztunnel(),
             ],
-            redirect(ZTUNNEL_INBOUND_PORT),
+            redirect(ports::INBOUND_PLAINTEXT),
         );
     }
     if cfg.dns_capture {
@@ -93,10 +91,10 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
                 M::Proto(Proto::Udp),
                 not_ztunnel(),
                 M::ProtoModule(Proto::Udp),
-                M::Dport(Is, DNS_PORT),
+                M::Dport(Is, ports::DNS),
             ],
             // Upstream spells this one `--to-port`; kept for byte-identical restore input.
-            Target::Redirect(DNS_CAPTURE_PORT, PortsSpelling::Port),
+            Target::Redirect(ports::DNS_PROXY, PortsSpelling::Port),
         );
         add(
             Nat,
@@ -104,10 +102,10 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
             vec![
                 M::Dest(Not, lo),
                 M::Proto(Proto::Tcp),
-                M::Dport(Is, DNS_PORT),
+                M::Dport(Is, ports::DNS),
                 not_ztunnel(),
             ],
-            redirect(DNS_CAPTURE_PORT),
+            redirect(ports::DNS_PROXY),
         );
     }
     add(
@@ -115,7 +113,7 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
         IOut,
         vec![
             M::Proto(Proto::Tcp),
-            M::Mark(Is, INPOD_CONN_MARK, INPOD_MASK),
+            M::Mark(Is, marks::INPOD_CONN_MARK, marks::INPOD_MASK),
         ],
         Target::Accept,
     );
@@ -129,7 +127,7 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
         Nat,
         IOut,
         vec![M::Dest(Not, lo), M::Proto(Proto::Tcp), not_ztunnel()],
-        redirect(ZTUNNEL_OUTBOUND_PORT),
+        redirect(ports::OUTBOUND),
     );
 
     // raw: ztunnel's own DNS upstream flows get their own conntrack zone so they do not clash
@@ -142,9 +140,9 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
             IOut,
             vec![
                 M::Proto(Proto::Udp),
-                M::Mark(Is, INPOD_MARK, INPOD_MASK),
+                M::Mark(Is, marks::INPOD_MARK, marks::INPOD_MASK),
                 M::ProtoModule(Proto::Udp),
-                M::Dport(Is, DNS_PORT),
+                M::Dport(Is, ports::DNS),
             ],
             Target::CtZone(DNS_CT_ZONE),
         );
@@ -155,7 +153,7 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
                 M::Proto(Proto::Udp),
                 not_ztunnel(),
                 M::ProtoModule(Proto::Udp),
-                M::Sport(Is, DNS_PORT),
+                M::Sport(Is, ports::DNS),
             ],
             Target::CtZone(DNS_CT_ZONE),
         );

@@ -2,12 +2,9 @@
 
 use super::{ChainDecl, Cmp, Dir, Expr, Hook, MarkSyntax, Op, Rule, Stmt, Table, Transaction};
 use crate::config::{Family, PodRedirectConfig};
-use crate::consts::{
-    DNS_CAPTURE_PORT, DNS_CT_ZONE, DNS_PORT, INPOD_CONN_MARK, INPOD_MARK, INPOD_MASK,
-    NFT_MANGLE_TABLE, NFT_NAT_TABLE, NFT_RAW_TABLE, ZTUNNEL_INBOUND_HBONE_PORT,
-    ZTUNNEL_INBOUND_PORT, ZTUNNEL_OUTBOUND_PORT,
-};
+use crate::consts::{DNS_CT_ZONE, NFT_MANGLE_TABLE, NFT_NAT_TABLE, NFT_RAW_TABLE};
 use crate::iptables::{AddrSpec, Proto};
+use ambit_contract::{marks, ports};
 
 const PRE: &str = "istio-prerouting";
 const OUT: &str = "istio-output";
@@ -48,9 +45,9 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
     let lo = AddrSpec::loopback;
     let not_ztunnel = |syntax| Expr::Mark {
         syntax,
-        mask: INPOD_MASK,
+        mask: marks::INPOD_MASK,
         cmp: Ne,
-        value: INPOD_MARK,
+        value: marks::INPOD_MARK,
     };
     let tcp = || Expr::L4Proto(Proto::Tcp);
 
@@ -58,7 +55,7 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
     let mut nat: Vec<(&'static str, Rule)> =
         vec![("output", Rule::jump(OUT)), ("prerouting", Rule::jump(PRE))];
     for iface in &cfg.virtual_interfaces {
-        for stmt in [Stmt::Redirect(ZTUNNEL_OUTBOUND_PORT), Stmt::Return] {
+        for stmt in [Stmt::Redirect(ports::OUTBOUND), Stmt::Return] {
             nat.push((
                 PRE,
                 Rule::counted(vec![Expr::Iifname(Eq, iface.to_string()), tcp()], stmt),
@@ -83,10 +80,10 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
                 Rule::counted(
                     vec![
                         Expr::Addr(*f, Dst, Ne, lo(*f)),
-                        Expr::Port(Proto::Tcp, Dst, Ne, ZTUNNEL_INBOUND_HBONE_PORT),
+                        Expr::Port(Proto::Tcp, Dst, Ne, ports::INBOUND_HBONE),
                         not_ztunnel(syntax),
                     ],
-                    Stmt::Redirect(ZTUNNEL_INBOUND_PORT),
+                    Stmt::Redirect(ports::INBOUND_PLAINTEXT),
                 ),
             ));
         }
@@ -98,9 +95,9 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
                 vec![
                     Expr::Oifname(Ne, "lo".into()),
                     not_ztunnel(MarkSyntax::Bare),
-                    Expr::Port(Proto::Udp, Dst, Eq, DNS_PORT),
+                    Expr::Port(Proto::Udp, Dst, Eq, ports::DNS),
                 ],
-                Stmt::Redirect(DNS_CAPTURE_PORT),
+                Stmt::Redirect(ports::DNS_PROXY),
             ),
         ));
         for f in fams {
@@ -109,10 +106,10 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
                 Rule::counted(
                     vec![
                         Expr::Addr(*f, Dst, Ne, lo(*f)),
-                        Expr::Port(Proto::Tcp, Dst, Eq, DNS_PORT),
+                        Expr::Port(Proto::Tcp, Dst, Eq, ports::DNS),
                         not_ztunnel(MarkSyntax::Bare),
                     ],
-                    Stmt::Redirect(DNS_CAPTURE_PORT),
+                    Stmt::Redirect(ports::DNS_PROXY),
                 ),
             ));
         }
@@ -124,9 +121,9 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
                 tcp(),
                 Expr::Mark {
                     syntax: MarkSyntax::Bare,
-                    mask: INPOD_MASK,
+                    mask: marks::INPOD_MASK,
                     cmp: Eq,
-                    value: INPOD_CONN_MARK,
+                    value: marks::INPOD_CONN_MARK,
                 },
             ],
             Stmt::Accept,
@@ -153,7 +150,7 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
                     Expr::Addr(*f, Dst, Ne, lo(*f)),
                     not_ztunnel(MarkSyntax::Bare),
                 ],
-                Stmt::Redirect(ZTUNNEL_OUTBOUND_PORT),
+                Stmt::Redirect(ports::OUTBOUND),
             ),
         ));
     }
@@ -167,20 +164,20 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
             Rule::counted(
                 vec![Expr::Mark {
                     syntax: MarkSyntax::MetaAmp,
-                    mask: INPOD_MASK,
+                    mask: marks::INPOD_MASK,
                     cmp: Eq,
-                    value: INPOD_MARK,
+                    value: marks::INPOD_MARK,
                 }],
                 Stmt::CtMarkSet {
-                    mask: INPOD_MASK,
-                    value: INPOD_CONN_MARK,
+                    mask: marks::INPOD_MASK,
+                    value: marks::INPOD_CONN_MARK,
                 },
             ),
         ),
         (
             OUT,
             Rule::counted(
-                vec![Expr::CtMark(INPOD_MASK, Eq, INPOD_CONN_MARK)],
+                vec![Expr::CtMark(marks::INPOD_MASK, Eq, marks::INPOD_CONN_MARK)],
                 Stmt::MetaMarkSetCtMark,
             ),
         ),
@@ -192,12 +189,12 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
         let zone = |dir, cmp| {
             Rule::counted(
                 vec![
-                    Expr::Port(Proto::Udp, dir, Eq, DNS_PORT),
+                    Expr::Port(Proto::Udp, dir, Eq, ports::DNS),
                     Expr::Mark {
                         syntax: MarkSyntax::MetaAnd,
-                        mask: INPOD_MASK,
+                        mask: marks::INPOD_MASK,
                         cmp,
-                        value: INPOD_MARK,
+                        value: marks::INPOD_MARK,
                     },
                 ],
                 Stmt::CtZoneSet(DNS_CT_ZONE),

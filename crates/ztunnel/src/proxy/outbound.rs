@@ -288,7 +288,7 @@ pub fn build_route(
                 identities.sort();
                 identities.dedup();
                 Route::Hbone {
-                    dst: SocketAddr::new(ip, crate::config::HBONE_PORT),
+                    dst: SocketAddr::new(ip, ambit_contract::ports::INBOUND_HBONE),
                     target: ConnectTarget::Addr(dst),
                     identities,
                     workload,
@@ -317,7 +317,7 @@ pub fn build_route(
     }
     Ok(match workload.protocol {
         TunnelProtocol::Hbone => Route::Hbone {
-            dst: SocketAddr::new(orig.ip(), crate::config::HBONE_PORT),
+            dst: SocketAddr::new(orig.ip(), ambit_contract::ports::INBOUND_HBONE),
             target: ConnectTarget::Addr(orig),
             identities: vec![workload.identity().clone()],
             workload,

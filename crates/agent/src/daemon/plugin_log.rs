@@ -1,40 +1,32 @@
-//! The plugin log socket (`spec/cni.md` §5.6): the CNI plugin runs as a short-lived child of
-//! the container runtime, whose logs nobody reads, so it also POSTs its log lines to the
-//! agent, which re-emits them under the tracing target `cni-plugin`.
+//! The agent side of the plugin log socket (`spec/cni.md` §5.6): [`LogServer`] takes the
+//! lines the CNI plugin POSTs ([`crate::plugin::log`] is the sender) and re-emits them under
+//! the tracing target `cni-plugin`.
 //!
-//! Wire format (upstream's): HTTP/1.1 over `<run_dir>/log.sock`, `POST /log`, body a JSON
-//! array of strings, each string one JSON log line (`{"level":"info","msg":"…",…}`). Lines
-//! that are not JSON objects are re-emitted verbatim at info level: a log channel must not
-//! drop what it cannot parse. Bodies are capped at [`MAX_BODY`].
-//!
-//! Plugin side: [`log_line`] builds a line, [`post_lines`] sends a batch best-effort
-//! (short timeout; the caller ignores failures, logging must never fail a CNI ADD).
+//! Lines that are not JSON objects are re-emitted verbatim at info level: a log channel must
+//! not drop what it cannot parse. Bodies are capped at [`MAX_BODY`].
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// Socket file name inside the agent's run dir.
-pub const LOG_SOCKET: &str = "log.sock";
+pub use crate::plugin::log::{LOG_SOCKET, Level};
+
 /// Tracing target the agent re-emits plugin lines under.
 pub const LOG_TARGET: &str = "cni-plugin";
 /// Largest accepted request body.
 pub const MAX_BODY: usize = 1 << 20;
-/// How long the plugin waits for the agent to take its logs.
-pub const POST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Failures of the log socket.
 #[derive(Debug, thiserror::Error)]
@@ -47,50 +39,6 @@ pub enum PluginLogError {
         /// OS error.
         source: std::io::Error,
     },
-    /// Posting lines failed (plugin side).
-    #[error("posting plugin logs to {path}: {source}")]
-    Post {
-        /// Socket path.
-        path: PathBuf,
-        /// OS error.
-        source: std::io::Error,
-    },
-    /// The agent refused the lines.
-    #[error("agent answered {0} to plugin logs")]
-    Status(u16),
-}
-
-/// Severity of a plugin line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    /// debug (and anything finer).
-    Debug,
-    /// info (and unknown levels).
-    Info,
-    /// warn / warning.
-    Warn,
-    /// error and worse.
-    Error,
-}
-
-impl Level {
-    fn parse(s: &str) -> Self {
-        match s.to_ascii_lowercase().as_str() {
-            "debug" | "trace" => Self::Debug,
-            "warn" | "warning" => Self::Warn,
-            "error" | "fatal" | "panic" | "dpanic" => Self::Error,
-            _ => Self::Info,
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Debug => "debug",
-            Self::Info => "info",
-            Self::Warn => "warn",
-            Self::Error => "error",
-        }
-    }
 }
 
 /// One plugin log line, parsed.
@@ -256,41 +204,11 @@ async fn handle(sink: &Sink, req: Request<Incoming>) -> Response<Full<Bytes>> {
     reply(StatusCode::OK, "")
 }
 
-/// Plugin side: one JSON log line.
-pub fn log_line(level: Level, msg: &str, fields: &[(&str, &str)]) -> String {
-    let mut obj = Map::new();
-    obj.insert("level".into(), json!(level.as_str()));
-    obj.insert("msg".into(), json!(msg));
-    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        obj.insert("ts".into(), json!(t.as_secs_f64()));
-    }
-    for (k, v) in fields {
-        obj.insert((*k).into(), json!(v));
-    }
-    Value::Object(obj).to_string()
-}
-
-/// Plugin side: POSTs `lines` to `<run_dir>/log.sock` (blocking, [`POST_TIMEOUT`]).
-pub fn post_lines(run_dir: &Path, lines: &[String]) -> Result<(), PluginLogError> {
-    let path = run_dir.join(LOG_SOCKET);
-    let body = serde_json::to_vec(lines).unwrap_or_default();
-    let (status, _) =
-        crate::plugin::client::post(&path, "/log", &body, POST_TIMEOUT).map_err(|source| {
-            PluginLogError::Post {
-                path: path.clone(),
-                source,
-            }
-        })?;
-    if status == 200 {
-        Ok(())
-    } else {
-        Err(PluginLogError::Status(status))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::plugin::log::log_line;
 
     #[test]
     fn parse() {

@@ -30,7 +30,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use ambit_netns::NetnsId;
 use ambit_redirect::{Cmd, NetnsRunner};
 
-use super::runner::HostRunner;
+use ambit_redirect::HostRunner;
 use serde::Deserialize;
 
 /// Preference of the forward (`to <podIP>`) rule.

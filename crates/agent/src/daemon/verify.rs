@@ -10,14 +10,10 @@ use std::sync::Arc;
 use ambit_netns::{NetnsFd, run_in_netns_thread};
 use ambit_redirect::InPod;
 
-use super::runner::FdRunner;
+use ambit_redirect::FdRunner;
 
 /// Ports ztunnel must listen on inside an enrolled pod's netns.
-pub const REQUIRED_PORTS: [u16; 3] = [
-    ambit_redirect::consts::ZTUNNEL_OUTBOUND_PORT,
-    ambit_redirect::consts::ZTUNNEL_INBOUND_PORT,
-    ambit_redirect::consts::ZTUNNEL_INBOUND_HBONE_PORT,
-];
+pub const REQUIRED_PORTS: [u16; 3] = ambit_contract::ports::INPOD_LISTENERS;
 
 /// TCP ports in LISTEN state in `netns`, read from `/proc/thread-self/net/tcp{,6}` on a
 /// thread inside it (`/proc/net` would show the main thread's namespace).

@@ -14,8 +14,8 @@ pub mod aws_eni;
 mod http;
 mod mesh;
 pub mod metrics;
+pub mod plugin_log;
 mod restart;
-pub mod runner;
 pub mod verify;
 
 use std::collections::HashMap;
@@ -33,15 +33,15 @@ use tokio::time::{Instant, sleep_until};
 use crate::config::AgentConfig;
 use crate::installer::{EntryInputs, Installer, InstallerError, plugin_entry};
 use crate::plugin::PLUGIN_SOCKET;
-use crate::plugin_log::{LOG_SOCKET, LogServer, PluginLogError};
 use crate::pods::{Cache, Pod, PodEvent, PodSource};
 use crate::shutdown::{Cleanup, ShutdownError, ShutdownKind, UninstallCheck, check_for};
 use crate::zds::{ZdsError, ZdsServer};
+use ambit_redirect::{FdRunner, HostRunner};
 pub use mesh::MeshError;
 use mesh::Slot;
 use metrics::{Metrics, ResultLabel};
+use plugin_log::{LOG_SOCKET, LogServer, PluginLogError};
 pub use restart::RestartReport;
-use runner::{FdRunner, HostRunner};
 
 /// Failure starting or running the agent.
 #[derive(Debug, thiserror::Error)]

@@ -9,11 +9,11 @@ use ambit_netns::NetnsFd;
 use ambit_redirect::{IfaceName, InPod, PodRedirectConfig};
 
 use super::aws_eni;
-use super::runner::FdRunner;
 use super::verify::{rules_present, ztunnel_listening};
 use super::{Core, Key};
 use crate::pods::{ENABLED, PENDING, Pod, PodSource, SourceError};
 use crate::zds::{ZdsError, ZdsPod};
+use ambit_redirect::FdRunner;
 
 /// Per-pod traffic override annotations (§2).
 const BYPASS_INBOUND: &str = "ambient.istio.io/bypass-inbound-capture";

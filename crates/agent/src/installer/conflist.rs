@@ -1,5 +1,5 @@
 //! CNI config insertion (`spec/cni.md` §5.5), as pure file operations; the installer
-//! ([`crate::installer`]) decides when to run them.
+//! ([`super`]) decides when to run them.
 //!
 //! Chained (default): the istio-cni entry is appended last to the primary network's plugin
 //! list. The primary config is `CNI_CONF_NAME` or the lexicographically first valid

@@ -30,10 +30,10 @@ use ambit_redirect::ProbeSet;
 
 use super::Core;
 use super::mesh::Slot;
-use super::runner::{FdRunner, HostRunner};
 use crate::discovery::{Found, find_pod_netns, interface_ips};
 use crate::pods::{ENABLED, Pod, PodSource};
 use crate::zds::ZdsPod;
+use ambit_redirect::{FdRunner, HostRunner};
 
 /// What the restart pass did, for logs and tests.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

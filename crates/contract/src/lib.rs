@@ -1,0 +1,14 @@
+//! The node contract: what the CNI agent, ztunnel, the rule renderer, the control plane and
+//! the embedded mesh must agree on, in one place below all of them (`spec/cni.md` §0, §3, §4;
+//! `spec/ztunnel.md` §1.2, §9). Nothing here depends on the agent or on ztunnel, so either end
+//! can use it without depending on the other.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`ports`] | every well-known port: ztunnel's in-pod listeners, its admin/stats/readiness, the control plane, the agent's health and metrics |
+//! | [`marks`] | the packet mark ztunnel puts on its sockets, the connection mark and the policy-routing table the in-pod rules use |
+
+#![forbid(unsafe_code)]
+
+pub mod marks;
+pub mod ports;
