@@ -170,7 +170,7 @@ fn load_local(src: &LocalXds) -> Result<LocalConfig, AppError> {
 }
 
 fn apply_local(state: &ProxyState, local: LocalConfig) {
-    state.replace_all(local.workloads, local.services, local.policies);
+    state.replace_local(local.workloads, local.services, local.policies);
 }
 
 fn mtime(path: &Path) -> Option<SystemTime> {
@@ -178,7 +178,8 @@ fn mtime(path: &Path) -> Option<SystemTime> {
 }
 
 /// ambit extension: re-read `LOCAL_XDS_PATH` when it changes (upstream reads it once). A
-/// broken edit is logged and the last good state kept.
+/// broken edit is logged and the last good state kept; a good one replaces only the file's
+/// own records (xDS records stay).
 async fn watch_local_file(path: PathBuf, state: Arc<ProxyState>, drain: drain::DrainWatcher) {
     let mut last = mtime(&path);
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -356,8 +357,9 @@ async fn async_main(
             servers_watcher.clone(),
         ));
     }
-    // Both the local file and xDS feed the same store (like upstream); the state is synced,
-    // and readiness released, at the first ACKed response of each xDS type.
+    // Both the local file and xDS feed the same store (like upstream), each owning its own
+    // records (`state::sources`); the state is synced, and readiness released, at the first
+    // ACKed response of each xDS type.
     if let Some(address) = &cfg.xds_address {
         let root = crate::grpc::load_root(&cfg.xds_root_cert)?;
         let channel = crate::grpc::channel_with_mark(

@@ -11,7 +11,7 @@
 //! the file loaded), and it stays synced. Nothing may be evaluated against it before: an empty
 //! policy set means "allow", which before the first Authorization response would be a lie.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -22,6 +22,9 @@ use ambit_model::{NetworkAddr, Service, Workload};
 use tokio::sync::watch;
 
 pub mod dump;
+mod sources;
+
+use sources::{Owned, XdsChange};
 
 /// A service endpoint resolved to its workload.
 #[derive(Debug, Clone)]
@@ -41,6 +44,16 @@ struct Inner {
     /// from endpoints listed on the service itself (local config).
     endpoints: HashMap<NamespacedHostname, BTreeMap<WorkloadUid, PortMap>>,
     policies: PolicySet,
+    /// What the local config file owns (see [`sources`]).
+    local: LocalOwned,
+}
+
+/// The local config file's keys per kind, and the xDS records they hide.
+#[derive(Debug, Default)]
+struct LocalOwned {
+    workloads: Owned<WorkloadUid, Arc<Workload>>,
+    services: Owned<NamespacedHostname, Arc<Service>>,
+    policies: Owned<PolicyKey, Arc<Authorization>>,
 }
 
 /// Shared, thread-safe state store.
@@ -107,19 +120,32 @@ impl ProxyState {
     }
 
     // ---- mutation ----------------------------------------------------------------------
+    //
+    // `upsert_*` / `remove_*` are the xDS source; `replace_local` is the local config file.
+    // Each source owns its records (see [`sources`]).
 
     /// Inserts or replaces a workload (xDS resource name = uid).
     pub fn upsert_workload(&self, workload: Workload) {
         {
             let mut inner = self.write();
-            inner.remove_workload(workload.uid.as_str());
-            inner.insert_workload(Arc::new(workload));
+            let uid = workload.uid.clone();
+            let Err(w) = inner.local.workloads.xds_upsert(&uid, Arc::new(workload)) else {
+                return;
+            };
+            inner.remove_workload(uid.as_str());
+            inner.insert_workload(w);
         }
         self.bump_policy();
     }
 
     pub fn remove_workload(&self, uid: &str) -> bool {
-        let removed = self.write().remove_workload(uid);
+        let removed = {
+            let mut inner = self.write();
+            let owned = WorkloadUid::new(uid)
+                .ok()
+                .is_some_and(|k| inner.local.workloads.xds_remove(&k) == XdsChange::Hidden);
+            !owned && inner.remove_workload(uid)
+        };
         if removed {
             self.bump_policy();
         }
@@ -129,44 +155,88 @@ impl ProxyState {
     /// Inserts or replaces a service (xDS resource name = `namespace/hostname`).
     pub fn upsert_service(&self, service: Service) {
         let mut inner = self.write();
-        inner.remove_service(&service.key);
-        inner.insert_service(Arc::new(service));
+        let key = service.key.clone();
+        let Err(s) = inner.local.services.xds_upsert(&key, Arc::new(service)) else {
+            return;
+        };
+        inner.remove_service(&key);
+        inner.insert_service(s);
     }
 
     pub fn remove_service(&self, key: &NamespacedHostname) -> bool {
-        self.write().remove_service(key)
+        let mut inner = self.write();
+        inner.local.services.xds_remove(key) == XdsChange::Apply && inner.remove_service(key)
     }
 
     pub fn upsert_policy(&self, policy: Authorization) {
-        self.write().policies.insert(policy);
+        {
+            let mut inner = self.write();
+            let key = policy.key.clone();
+            let Err(p) = inner.local.policies.xds_upsert(&key, Arc::new(policy)) else {
+                return;
+            };
+            inner.policies.insert(Arc::unwrap_or_clone(p));
+        }
         self.bump_policy();
     }
 
     pub fn remove_policy(&self, key: &PolicyKey) -> bool {
-        let removed = self.write().policies.remove(key).is_some();
+        let removed = {
+            let mut inner = self.write();
+            inner.local.policies.xds_remove(key) == XdsChange::Apply
+                && inner.policies.remove(key).is_some()
+        };
         if removed {
             self.bump_policy();
         }
         removed
     }
 
-    /// Replaces everything (the local config file is authoritative for what it lists).
-    pub fn replace_all(
+    /// The local config file (re)loaded: its records replace what it defined before, and
+    /// nothing else. Records it no longer defines are removed, or replaced by the xDS record
+    /// of the same key it hid.
+    pub fn replace_local(
         &self,
         workloads: Vec<Workload>,
         services: Vec<Service>,
         policies: Vec<Authorization>,
     ) {
         {
-            let mut inner = self.write();
-            *inner = Inner::default();
+            let mut guard = self.write();
+            let inner = &mut *guard;
+            let keys: HashSet<_> = workloads.iter().map(|w| w.uid.clone()).collect();
+            let current = |k: &WorkloadUid| inner.workloads.get(k).cloned();
+            for (uid, xds) in inner.local.workloads.replace(keys, current) {
+                inner.remove_workload(uid.as_str());
+                if let Some(w) = xds {
+                    inner.insert_workload(w);
+                }
+            }
             for w in workloads {
                 inner.remove_workload(w.uid.as_str());
                 inner.insert_workload(Arc::new(w));
             }
+
+            let keys: HashSet<_> = services.iter().map(|s| s.key.clone()).collect();
+            let current = |k: &NamespacedHostname| inner.services.get(k).cloned();
+            for (key, xds) in inner.local.services.replace(keys, current) {
+                inner.remove_service(&key);
+                if let Some(s) = xds {
+                    inner.insert_service(s);
+                }
+            }
             for s in services {
                 inner.remove_service(&s.key);
                 inner.insert_service(Arc::new(s));
+            }
+
+            let keys: HashSet<_> = policies.iter().map(|p| p.key.clone()).collect();
+            let current = |k: &PolicyKey| inner.policies.get(k).cloned();
+            for (key, xds) in inner.local.policies.replace(keys, current) {
+                inner.policies.remove(&key);
+                if let Some(p) = xds {
+                    inner.policies.insert(Arc::unwrap_or_clone(p));
+                }
             }
             for p in policies {
                 inner.policies.insert(p);

@@ -243,7 +243,7 @@ fn mesh_state() -> Arc<ProxyState> {
             .collect();
         s
     };
-    state.replace_all(
+    state.replace_local(
         vec![client_workload()],
         vec![
             svc("default", "svc1.default.svc.cluster.local", &["10.0.0.1"]),

@@ -690,3 +690,121 @@ async fn zds_is_joined_only_once_policy_has_synced() {
     within("the client to stop", client_task).await.unwrap();
     cp.stop().await;
 }
+
+/// Hole: with both `LOCAL_XDS_PATH` and xDS configured, reloading the file replaced the whole
+/// state, and the delta stream never resends what it already delivered, so xDS workloads and
+/// policies silently disappeared. Each source owns its records; where both define a key the
+/// file's record is used, and the xDS one comes back when the file drops it.
+#[tokio::test]
+async fn local_config_reload_keeps_xds_records() {
+    let ca = LocalCa::generate("cluster.local").unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let cp = ControlPlane::start(
+        &ca,
+        addr,
+        snapshot(&[("x1", "n1")], &["xweb"], &["xp", "both"], &[]),
+    )
+    .await;
+    let state = Arc::new(ProxyState::new());
+    let metrics = Metrics::new("test");
+    let ready = Ready::new();
+    let (drain, watcher) = ambit_ztunnel::drain::new();
+    let config = XdsClientConfig {
+        node: ambit_ztunnel::xds::node_from_config(
+            &ambit_ztunnel::Config::from_vars(&[], 1, &|_| false).unwrap(),
+        ),
+        token: Some(AuthToken::Literal(TOKEN.into())),
+        cluster_id: "Kubernetes".into(),
+        headers: vec![],
+        backoff: Backoff::default(),
+    };
+    let client = XdsClient::new(cp.channel(&ca), config, state.clone(), metrics);
+    let client_task = tokio::spawn(client.run(ready.register_task("state manager"), watcher));
+    within("the xDS sync", ready.wait_ready()).await;
+
+    // A policy that exists under the same key in both sources; the file's version denies
+    // port 1, xDS's has no rules.
+    let local_both = || Authorization {
+        rules: vec![ambit_model::authz::Rule {
+            clauses: vec![ambit_model::authz::Clause {
+                matches: vec![ambit_model::authz::Match {
+                    destination_ports: vec![1],
+                    ..Default::default()
+                }],
+            }],
+        }],
+        ..policy("both")
+    };
+    let from_file = |s: &ProxyState| {
+        s.all_policies()
+            .iter()
+            .find(|p| p.key.name() == "both")
+            .map(|p| !p.rules.is_empty())
+    };
+    let xweb = NamespacedHostname::new("default", "xweb").unwrap();
+    let xds_intact = |s: &ProxyState| {
+        has_workload(s, "x1", "n1") && s.service_by_key(&xweb).is_some() && has_policy(s, "xp")
+    };
+    struct Step {
+        what: &'static str,
+        reload: Option<(Vec<Workload>, Vec<Authorization>)>,
+        xds: Option<Snapshot>,
+        check: fn(&ProxyState) -> bool,
+    }
+    let steps = [
+        Step {
+            what: "the file loads its own workload and policies",
+            reload: Some((vec![workload("l1", "n1")], vec![policy("lp"), local_both()])),
+            xds: None,
+            check: |s| has_workload(s, "l1", "n1") && has_policy(s, "lp"),
+        },
+        Step {
+            what: "the file drops a policy: only that one goes",
+            reload: Some((vec![workload("l1", "n1")], vec![local_both()])),
+            xds: None,
+            check: |s| !has_policy(s, "lp") && has_workload(s, "l1", "n1"),
+        },
+        Step {
+            what: "xDS removes its copy of the shared key: the file's stays",
+            reload: None,
+            xds: Some(snapshot(&[("x1", "n1")], &["xweb"], &["xp", "marker"], &[])),
+            check: |s| has_policy(s, "marker"),
+        },
+        Step {
+            what: "xDS sends the shared key again: hidden behind the file's",
+            reload: None,
+            xds: Some(snapshot(&[("x1", "n1")], &["xweb"], &["xp", "both"], &[])),
+            check: |s| !has_policy(s, "marker"),
+        },
+        Step {
+            what: "the file drops the shared key: xDS's version comes back",
+            reload: Some((vec![], vec![])),
+            xds: None,
+            check: |s| !has_workload(s, "l1", "n1"),
+        },
+    ];
+    let expect_file_both = [Some(true), Some(true), Some(true), Some(true), Some(false)];
+    for (step, file_both) in steps.iter().zip(expect_file_both) {
+        if let Some((workloads, policies)) = &step.reload {
+            state.replace_local(workloads.clone(), vec![], policies.clone());
+        }
+        if let Some(snap) = &step.xds {
+            cp.xds.update(snap.clone());
+        }
+        eventually(step.what, || (step.check)(&state)).await;
+        assert!(xds_intact(&state), "{}: xDS records lost", step.what);
+        assert_eq!(
+            from_file(&state),
+            file_both,
+            "{}: policy default/both",
+            step.what
+        );
+    }
+
+    drop(drain);
+    within("the client to stop", client_task).await.unwrap();
+    cp.stop().await;
+}

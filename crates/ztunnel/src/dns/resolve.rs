@@ -297,7 +297,7 @@ mod tests {
         for w in [&mut pod1, &mut pod2, &mut far] {
             w.services.insert(headless.clone(), Default::default());
         }
-        state.replace_all(vec![pod1, pod2, far], svcs, vec![]);
+        state.replace_local(vec![pod1, pod2, far], svcs, vec![]);
         state
     }
 
