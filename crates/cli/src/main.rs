@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod agent;
 mod control;
 mod ops;
+mod out;
 mod plugin;
 mod up;
 mod ztunnel;
@@ -119,10 +120,7 @@ fn main() -> ExitCode {
             ops::completions(args, <Cli as clap::CommandFactory>::command())
         }
         Command::Version => {
-            #[allow(clippy::print_stdout)]
-            {
-                println!("ambit {}", env!("CARGO_PKG_VERSION"));
-            }
+            out::say(&format!("ambit {}", env!("CARGO_PKG_VERSION")));
             ExitCode::SUCCESS
         }
     }

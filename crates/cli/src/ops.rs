@@ -118,12 +118,7 @@ pub struct CompletionsArgs {
     shell: clap_complete::Shell,
 }
 
-fn say(line: &str) {
-    #[allow(clippy::print_stdout)]
-    {
-        println!("{line}");
-    }
-}
+use crate::out::say;
 
 fn table(rows: &[Vec<String>]) {
     let n = rows.iter().map(Vec::len).max().unwrap_or(0);
@@ -227,7 +222,10 @@ pub fn ztunnel_config(args: ZtunnelConfigArgs) -> ExitCode {
 
 pub fn completions(args: CompletionsArgs, mut cmd: clap::Command) -> ExitCode {
     let name = cmd.get_name().to_owned();
-    clap_complete::generate(args.shell, &mut cmd, name, &mut std::io::stdout());
+    // Into memory first: `generate` panics on a write error (a closed pipe).
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut cmd, name, &mut script);
+    crate::out::bytes(&script);
     ExitCode::SUCCESS
 }
 

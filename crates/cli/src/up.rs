@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::out::{progress, say};
 use ambit_mesh::{Mesh, RunDir, UpConfig};
 
 /// Where the run directory is unless `--run-dir` says otherwise.
@@ -74,13 +75,6 @@ fn base_env() -> Vec<(String, String)> {
         .iter()
         .filter_map(|k| Some((k.to_string(), std::env::var(k).ok()?)))
         .collect()
-}
-
-fn say(line: &str) {
-    #[allow(clippy::print_stdout)]
-    {
-        println!("{line}");
-    }
 }
 
 /// SIGINT/SIGTERM set the returned flag (on a small runtime thread of their own).
@@ -151,7 +145,7 @@ pub fn up(args: UpArgs) -> ExitCode {
         dns_capture: args.dns_capture,
         cancel: cancel.clone(),
     };
-    let mesh = match Mesh::up(cfg, &|line| say(&format!("· {line}"))) {
+    let mesh = match Mesh::up(cfg, &|line| progress(&format!("· {line}"))) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("ambit up: {e}");
@@ -161,7 +155,7 @@ pub fn up(args: UpArgs) -> ExitCode {
     let api = match ambit_mesh::api::ApiServer::bind(mesh.run_dir()) {
         Ok(a) => Some(a),
         Err(e) => {
-            say(&format!(
+            progress(&format!(
                 "! {e}: `ambit apply` and `ambit delete` are unavailable"
             ));
             None
@@ -174,7 +168,7 @@ pub fn up(args: UpArgs) -> ExitCode {
             api.poll(&mut mesh);
         }
         for exit in mesh.poll_exits() {
-            say(&format!(
+            progress(&format!(
                 "! {} exited ({}); log: {}",
                 exit.role,
                 exit.status,
@@ -186,10 +180,10 @@ pub fn up(args: UpArgs) -> ExitCode {
         std::thread::sleep(Duration::from_millis(200));
     }
     drop(api);
-    say("· stopping: removing pods, components and namespaces");
+    progress("· stopping: removing pods, components and namespaces");
     match mesh.shutdown() {
         Ok(()) => {
-            say("· mesh removed");
+            progress("· mesh removed");
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -201,8 +195,8 @@ pub fn up(args: UpArgs) -> ExitCode {
 
 fn summary(mesh: &Mesh, run_dir: &std::path::Path) {
     let st = mesh.state();
-    say("");
-    say(&format!(
+    progress("");
+    progress(&format!(
         "mesh {} is up: control plane at {}",
         st.prefix,
         st.control_address
@@ -231,14 +225,14 @@ fn summary(mesh: &Mesh, run_dir: &std::path::Path) {
             },
         ]);
     }
-    table(&rows);
+    table(&rows, progress);
     let rd = if run_dir == std::path::Path::new(DEFAULT_RUN_DIR) {
         String::new()
     } else {
         format!(" --run-dir {}", run_dir.display())
     };
     let example = st.pods.first().map(|p| p.name.as_str()).unwrap_or("POD");
-    say("");
+    progress("");
     let hints = [
         [
             format!("  ambit exec{rd} {example} -- CMD..."),
@@ -253,13 +247,13 @@ fn summary(mesh: &Mesh, run_dir: &std::path::Path) {
             "add or change pods, labels, policies".into(),
         ],
     ];
-    table(&hints);
-    say(&format!("  logs in {}", mesh.run_dir().logs().display()));
-    say("  Ctrl-C (or `ambit down`) removes everything.");
-    say("ready");
+    table(&hints, progress);
+    progress(&format!("  logs in {}", mesh.run_dir().logs().display()));
+    progress("  Ctrl-C (or `ambit down`) removes everything.");
+    progress("ready");
 }
 
-fn table<const N: usize>(rows: &[[String; N]]) {
+fn table<const N: usize>(rows: &[[String; N]], say: fn(&str)) {
     let mut widths = [0usize; N];
     for r in rows {
         for (w, c) in widths.iter_mut().zip(r) {
@@ -367,7 +361,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                     },
                 ]);
             }
-            table(&rows);
+            table(&rows, say);
             say("");
             let mut rows = vec![[
                 "NAMESPACE".to_string(),
@@ -391,7 +385,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                     yes(p.running),
                 ]);
             }
-            table(&rows);
+            table(&rows, say);
         }
     }
     ExitCode::SUCCESS
