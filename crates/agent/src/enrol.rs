@@ -134,13 +134,32 @@ impl Enablement {
 
     /// §2 in order: hostNetwork, sidecar, ztunnel, excluded namespace, selectors.
     pub fn should_enrol(&self, pod: &Pod, ns_labels: &BTreeMap<String, String>) -> bool {
+        self.may_enrol(pod)
+            && self.selectors.iter().any(|s| {
+                s.pod_selector.matches(&pod.labels) && s.namespace_selector.matches(ns_labels)
+            })
+    }
+
+    /// Whether [`Self::should_enrol`] depends on the labels of the pod's namespace: the pod
+    /// is not excluded on its own, no selector enrols it whatever the namespace (pod label
+    /// `ambient` with the defaults), and some selector would with the right namespace labels.
+    /// A pod for which this holds can not be decided before its namespace is known.
+    pub fn needs_namespace(&self, pod: &Pod) -> bool {
+        let candidates = || {
+            self.selectors
+                .iter()
+                .filter(|s| s.pod_selector.matches(&pod.labels))
+        };
+        self.may_enrol(pod)
+            && !candidates().any(|s| s.namespace_selector == LabelSelector::default())
+            && candidates().next().is_some()
+    }
+
+    fn may_enrol(&self, pod: &Pod) -> bool {
         !pod.host_network
             && !pod.annotations.contains_key(SIDECAR_STATUS)
             && !self.is_ztunnel(pod)
             && !self.exclude_namespaces.contains(&pod.namespace)
-            && self.selectors.iter().any(|s| {
-                s.pod_selector.matches(&pod.labels) && s.namespace_selector.matches(ns_labels)
-            })
     }
 }
 
@@ -260,6 +279,58 @@ mod tests {
                 "{}",
                 c.name
             );
+        }
+    }
+
+    #[test]
+    fn which_pods_need_their_namespace() {
+        let e = Enablement {
+            selectors: default_selectors(),
+            exclude_namespaces: vec!["kube-system".into()],
+            system_namespace: "istio-system".into(),
+        };
+        let m = "istio.io/dataplane-mode";
+        // (case, namespace, pod labels, hostNetwork, needs the namespace)
+        let cases = [
+            (
+                "no label: the namespace decides",
+                "demo",
+                vec![],
+                false,
+                true,
+            ),
+            (
+                "other labels: the namespace decides",
+                "demo",
+                vec![("app", "a")],
+                false,
+                true,
+            ),
+            (
+                "pod label ambient wins everywhere",
+                "demo",
+                vec![(m, "ambient")],
+                false,
+                false,
+            ),
+            (
+                "pod label none wins everywhere",
+                "demo",
+                vec![(m, "none")],
+                false,
+                false,
+            ),
+            ("hostNetwork is never enrolled", "demo", vec![], true, false),
+            ("excluded namespace", "kube-system", vec![], false, false),
+        ];
+        for (case, ns, pod_labels, host_network, want) in cases {
+            let pod = Pod {
+                namespace: ns.into(),
+                labels: labels(&pod_labels),
+                host_network,
+                ..Pod::default()
+            };
+            assert_eq!(e.needs_namespace(&pod), want, "{case}");
         }
     }
 

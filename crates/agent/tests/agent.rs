@@ -201,3 +201,71 @@ async fn enrol_verify_repair_unenrol() {
 
     agent.shutdown().await;
 }
+
+/// Issue 12, hole 6: a pod whose namespace the agent has not seen yet is not "not ambient".
+/// The CNI ADD waits (bounded) for the namespace; if it never comes, the ADD fails and the
+/// pod does not start uncaptured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_namespace_holds_then_fails_the_add() {
+    if !netns_capable_or_skip("unknown_namespace_holds_then_fails_the_add") {
+        return;
+    }
+    let topo = Topology::builder()
+        .node("n")
+        .pod("n", "p1")
+        .pod("n", "p2")
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let zds_sock = dir.path().join("zt").join("ztunnel.sock");
+    let host = topo.node("n").netns().path();
+    let vars: Vec<(String, String)> = [
+        ("ZTUNNEL_UDS_ADDRESS", zds_sock.display().to_string()),
+        ("CNI_AGENT_RUN_DIR", run_dir.display().to_string()),
+        ("AMBIT_HOST_NETNS", host.display().to_string()),
+        ("AMBIT_HEALTH_ADDR", "127.0.0.1:0".into()),
+        ("AMBIT_METRICS_ADDR", "127.0.0.1:0".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let cfg = AgentConfig::from_vars(&vars).unwrap();
+    let source = LocalPodSource::new();
+    let agent = ambit_agent::start(cfg, source.clone()).await.unwrap();
+    let _zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
+    let ip = |p: &str| IpAddr::V4(topo.pod(p).ip());
+    let add = |p: &'static str| {
+        let (run_dir, netns, ip) = (run_dir.clone(), topo.pod(p).netns_path(), ip(p));
+        tokio::task::spawn_blocking(move || cni_add(&run_dir, &netns, p, ip))
+    };
+
+    // The namespace never arrives: the ADD fails, naming it.
+    source.upsert_pod(pod("p1", ip("p1"), None));
+    let (code, out) = add("p1").await.unwrap();
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("namespace demo"), "{out}");
+    assert_eq!(source.redirection("demo", "p1"), None);
+
+    // It arrives while the ADD waits: the pod is captured.
+    source.upsert_pod(pod("p2", ip("p2"), None));
+    let pending = add("p2");
+    // Deliberately late (the ADD is waiting by then on any sane machine; if not, the
+    // namespace is simply known already and the assertions still hold).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    source.upsert_namespace(Namespace {
+        name: "demo".into(),
+        labels: BTreeMap::from([(MODE.to_string(), "ambient".to_string())]),
+    });
+    let (code, out) = pending.await.unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(source.redirection("demo", "p2").as_deref(), Some("enabled"));
+    assert!(save_nat(&topo, "p2").contains("--to-ports 15001"));
+
+    // The runtime retries p1's sandbox: now it is captured too.
+    let (code, out) = add("p1").await.unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(source.redirection("demo", "p1").as_deref(), Some("enabled"));
+
+    agent.shutdown().await;
+}

@@ -208,6 +208,11 @@ async fn handle<S: PodSource>(
     }
 }
 
+/// How long a CNI ADD waits for the pod's namespace to reach the cache when enrolment
+/// depends on it: well inside the plugin's 5 s budget, which the rules and ztunnel's ack
+/// still need.
+const NAMESPACE_WAIT: Duration = Duration::from_secs(1);
+
 async fn cmd_add<S: PodSource>(core: &Core<S>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
@@ -233,6 +238,29 @@ async fn cmd_add<S: PodSource>(core: &Core<S>, req: Request<Incoming>) -> Respon
             format!("pod {}/{} not found", key.0, key.1),
         );
     };
+    // An unknown namespace is not a non-ambient one: wait for it (bounded), then fail the
+    // ADD rather than start the pod uncaptured (issue 12). The namespace informer normally
+    // runs ahead of pods, so this only waits when it lags or is broken.
+    if core.cfg.enablement.needs_namespace(&pod) {
+        let deadline = tokio::time::Instant::now() + NAMESPACE_WAIT;
+        while !core.cache().namespaces.contains_key(&pod.namespace) {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    pod = %pod.name, namespace = %pod.namespace,
+                    "CNI add refused: the pod's namespace is not known to the agent"
+                );
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "namespace {} of pod {}/{} not known to the agent after {:?}: \
+                         enrolment can not be decided",
+                        pod.namespace, pod.namespace, pod.name, NAMESPACE_WAIT
+                    ),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     if !core.should_enrol(&pod) {
         return text(StatusCode::OK, "");
     }

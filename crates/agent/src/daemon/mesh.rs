@@ -318,6 +318,14 @@ impl<S: PodSource> Core<S> {
         if pod.phase.is_terminal() {
             return Ok(());
         }
+        // Undecidable until the namespace is known: leave the pod as it is (its namespace's
+        // event reconciles it). Un-enrolling on missing data would fail open.
+        if self.cfg.enablement.needs_namespace(&pod)
+            && !self.cache().namespaces.contains_key(&pod.namespace)
+        {
+            tracing::debug!(pod = %pod.name, namespace = %pod.namespace, "namespace unknown; reconcile deferred");
+            return Ok(());
+        }
         let should = self.should_enrol(&pod);
         let ann = pod.redirection();
         let change = (ann == Some(ENABLED)) != should || ann == Some(PENDING);
