@@ -1,30 +1,28 @@
 //! Test support: [`FakeZtunnel`], a real ZDS client speaking the wire format over a real
-//! `SOCK_SEQPACKET` socket, independent of the server code in [`crate::zds`].
+//! `SOCK_SEQPACKET` socket (`ambit_netns::SeqPacket`, the one transport), decoding with the
+//! generated protobuf types directly so it stays independent of the framing both real
+//! peers share (`ambit_contract::zds`).
 //!
 //! It records every request it receives, answers each with an ack (or a configured NACK)
 //! and, when asked, binds TCP listeners on 15001/15006/15008 inside each received pod netns,
 //! like ztunnel does, so the agent's "ztunnel listens there" check sees a real peer.
 
 use std::collections::HashMap;
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io;
 use std::net::TcpListener;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ambit_netns::{NetnsFd, NetnsId, in_netns};
+use ambit_netns::{NetnsFd, NetnsId, SeqPacket, SeqPacketError, in_netns};
 use ambit_proto::zds::{
     Ack, WorkloadInfo, WorkloadRequest, WorkloadResponse, workload_request::Payload as Req,
     workload_response::Payload as Resp,
 };
-use nix::cmsg_space;
-use nix::sys::socket::{
-    AddressFamily, ControlMessageOwned, MsgFlags, Shutdown, SockFlag, SockType, UnixAddr, connect,
-    recvmsg, sendmsg, shutdown, socket,
-};
 use prost::Message;
+use tokio::sync::oneshot;
 
 /// One request as the fake ztunnel saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,39 +69,45 @@ struct Shared {
 /// A fake ztunnel connected to a ZDS socket; disconnects when dropped.
 #[derive(Debug)]
 pub struct FakeZtunnel {
-    sock: Arc<OwnedFd>,
     shared: Arc<Mutex<Shared>>,
+    stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl FakeZtunnel {
     /// Connects to `path`, sends `ZdsHello{V1}` (bytes `08 01`) and starts answering.
     /// With `bind_listeners`, each `Add` binds the ztunnel ports in the received netns.
+    ///
+    /// The connection lives on a thread of its own with a single-threaded runtime, so the
+    /// fake works from synchronous and asynchronous tests alike.
     pub fn connect(path: &Path, bind_listeners: bool) -> io::Result<Self> {
-        let sock = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )?;
-        connect(sock.as_raw_fd(), &UnixAddr::new(path)?)?;
-        send(&sock, &[0x08, 0x01])?;
-        let sock = Arc::new(sock);
         let shared = Arc::new(Mutex::new(Shared {
             bind_listeners,
             ..Shared::default()
         }));
+        let (connected_tx, connected) = std::sync::mpsc::channel();
+        let (stop, stopped) = oneshot::channel();
         let thread = {
-            let (sock, shared) = (sock.clone(), shared.clone());
+            let (path, shared) = (path.to_owned(), shared.clone());
             std::thread::Builder::new()
                 .name("fake-ztunnel".into())
-                .spawn(move || serve(&sock, &shared))?
+                .spawn(move || run(&path, &shared, &connected_tx, stopped))?
         };
-        Ok(Self {
-            sock,
-            shared,
-            thread: Some(thread),
-        })
+        match connected.recv() {
+            Ok(Ok(())) => Ok(Self {
+                shared,
+                stop: Some(stop),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(io::Error::other("the fake ztunnel thread ended"))
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
@@ -154,25 +158,60 @@ impl FakeZtunnel {
 
 impl Drop for FakeZtunnel {
     fn drop(&mut self) {
-        let _ = shutdown(self.sock.as_raw_fd(), Shutdown::Both);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn send(sock: &OwnedFd, data: &[u8]) -> io::Result<()> {
-    sendmsg::<UnixAddr>(
-        sock.as_raw_fd(),
-        &[IoSlice::new(data)],
-        &[],
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )?;
-    Ok(())
+/// The fake's thread: connect, say hello, answer until the agent closes or `stopped`.
+fn run(
+    path: &Path,
+    shared: &Mutex<Shared>,
+    connected: &std::sync::mpsc::Sender<io::Result<()>>,
+    stopped: oneshot::Receiver<()>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = connected.send(Err(e));
+            return;
+        }
+    };
+    runtime.block_on(async {
+        let sock = match hello(path).await {
+            Ok(sock) => sock,
+            Err(e) => {
+                let _ = connected.send(Err(io::Error::other(e)));
+                return;
+            }
+        };
+        let _ = connected.send(Ok(()));
+        tokio::select! {
+            _ = stopped => {}
+            () = serve(&sock, shared) => {}
+        }
+    });
+    let mut st = shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    st.closed = true;
+    st.listeners.clear();
 }
 
-fn serve(sock: &OwnedFd, shared: &Mutex<Shared>) {
+async fn hello(path: &Path) -> Result<SeqPacket, SeqPacketError> {
+    let sock = SeqPacket::connect(path).await?;
+    sock.send(&[0x08, 0x01]).await?;
+    Ok(sock)
+}
+
+async fn serve(sock: &SeqPacket, shared: &Mutex<Shared>) {
     let lock = || {
         shared
             .lock()
@@ -180,56 +219,45 @@ fn serve(sock: &OwnedFd, shared: &Mutex<Shared>) {
     };
     loop {
         let mut buf = [0u8; 1024];
-        // Room for two fds so "more than one" is observable.
-        let mut cmsg = cmsg_space!([RawFd; 2]);
-        let (len, fds) = {
-            let mut iov = [IoSliceMut::new(&mut buf)];
-            let Ok(msg) = recvmsg::<UnixAddr>(
-                sock.as_raw_fd(),
-                &mut iov,
-                Some(&mut cmsg),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            ) else {
-                break;
-            };
-            let mut fds = Vec::new();
-            if let Ok(cmsgs) = msg.cmsgs() {
-                for c in cmsgs {
-                    if let ControlMessageOwned::ScmRights(raw) = c {
-                        for fd in raw {
-                            // SAFETY: received with this message; we are the only owner.
-                            fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-                        }
-                    }
+        let (len, fd): (usize, Option<OwnedFd>) = match sock.recv_with_fd(&mut buf).await {
+            Ok(got) => got,
+            // A datagram that broke the transport rules (oversized, several fds): record
+            // it and NACK, as ztunnel does.
+            Err(
+                SeqPacketError::Truncated(_)
+                | SeqPacketError::ControlTruncated
+                | SeqPacketError::TooManyFds(_),
+            ) => {
+                lock().seen.push(Seen::Garbage(Vec::new()));
+                if sock.send(&nack("failure to read message")).await.is_err() {
+                    break;
                 }
+                continue;
             }
-            (msg.bytes, fds)
+            Err(_) => break,
         };
         if len == 0 {
             break;
         }
         let data = &buf[..len];
         lock().raw.push(data.to_vec());
-        let nfds = fds.len();
-        let mut nack = lock().nack.clone();
+        let nfds = usize::from(fd.is_some());
+        let mut nack_text = lock().nack.clone();
         let seen = match WorkloadRequest::decode(data) {
             Ok(WorkloadRequest {
                 payload: Some(Req::Add(add)),
             }) => {
-                let netns = match fds.into_iter().next() {
-                    Some(fd) if nfds == 1 => NetnsFd::from_owned_fd(fd).ok(),
-                    _ => None,
-                };
+                let netns = fd.and_then(|fd| NetnsFd::from_owned_fd(fd).ok());
                 let id = netns.as_ref().map(NetnsFd::identity);
                 let mut st = lock();
-                if nack.is_none() && st.bind_listeners {
+                if nack_text.is_none() && st.bind_listeners {
                     st.listeners.remove(&add.uid);
                     match netns.as_ref().map(bind_ports) {
                         Some(Ok(l)) => {
                             st.listeners.insert(add.uid.clone(), l);
                         }
-                        Some(Err(e)) => nack = Some(format!("failure to start proxy: {e}")),
-                        None => nack = Some("No control message".into()),
+                        Some(Err(e)) => nack_text = Some(format!("failure to start proxy: {e}")),
+                        None => nack_text = Some("No control message".into()),
                     }
                 }
                 Seen::Add {
@@ -257,19 +285,24 @@ fn serve(sock: &OwnedFd, shared: &Mutex<Shared>) {
             _ => Seen::Garbage(data.to_vec()),
         };
         lock().seen.push(seen);
-        let ack = WorkloadResponse {
-            payload: Some(Resp::Ack(Ack {
-                error: nack.unwrap_or_default(),
-            })),
-        }
-        .encode_to_vec();
-        if send(sock, &ack).is_err() {
+        if sock
+            .send(&nack(&nack_text.unwrap_or_default()))
+            .await
+            .is_err()
+        {
             break;
         }
     }
-    let mut st = lock();
-    st.closed = true;
-    st.listeners.clear();
+}
+
+/// `WorkloadResponse{ack}` with this error (empty: ACK).
+fn nack(error: &str) -> Vec<u8> {
+    WorkloadResponse {
+        payload: Some(Resp::Ack(Ack {
+            error: error.to_owned(),
+        })),
+    }
+    .encode_to_vec()
 }
 
 /// Binds the ztunnel ports in `netns`. A port can stay busy for a moment after the

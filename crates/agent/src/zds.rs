@@ -18,40 +18,44 @@
 //! watched for readability all the time; EOF closes it at once and unsolicited data is a
 //! protocol error that closes it. The classification is upstream's, only detection is
 //! immediate instead of after up to 5 s.
-
-pub mod wire;
+//!
+//! The transport is `ambit_netns::SeqPacket` and the framing `ambit_contract::zds`, the same
+//! code ztunnel's client uses.
 
 use std::collections::BTreeMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ambit_netns::NetnsFd;
-use ambit_proto::zds::{
-    AddWorkload, DelWorkload, KeepWorkload, SnapshotSent, Version, WorkloadInfo, WorkloadRequest,
-    WorkloadResponse, ZdsHello, workload_request::Payload as Req,
-    workload_response::Payload as Resp,
+use ambit_contract::zds::{
+    self as wire, Answer, AnswerError, EmptyUid, MAX_MESSAGE, PodUid, TooLarge, WorkloadInfo,
 };
+use ambit_netns::{NetnsFd, SeqPacket, SeqPacketError, SeqPacketListener};
+use ambit_proto::zds::Version;
 use prometheus_client::metrics::gauge::Gauge;
-use prost::Message;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout};
 
-pub use wire::{MAX_MESSAGE, SeqpacketListener};
-use wire::{SeqpacketConn, is_disconnect};
-
 /// Errors of the ZDS server and of requests sent through it.
 #[derive(Debug, thiserror::Error)]
 pub enum ZdsError {
+    /// Creating the socket's directory failed.
+    #[error("binding ZDS socket {path}: {source}")]
+    Dir {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// Binding the listening socket failed.
     #[error("binding ZDS socket {path}: {source}")]
     Bind {
         /// The socket path.
         path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
+        /// The socket error.
+        source: SeqPacketError,
     },
     /// No ztunnel is connected (an `Add` cannot be delivered).
     #[error("no ztunnel connection")]
@@ -73,21 +77,44 @@ pub enum ZdsError {
     TooLarge(usize),
     /// An `Add` for a pod whose netns is unknown.
     #[error("pod {0} has no network namespace to send")]
-    NoNetns(String),
+    NoNetns(PodUid),
+    /// A pod without a uid cannot be named on ZDS.
+    #[error(transparent)]
+    Uid(#[from] EmptyUid),
     /// A socket error.
     #[error("ZDS socket {what}: {source}")]
     Io {
         /// What we were doing.
         what: &'static str,
-        /// The OS error.
-        source: std::io::Error,
+        /// The socket error.
+        source: SeqPacketError,
     },
     /// The peer sent something ZDS does not allow.
     #[error("ZDS protocol error: {0}")]
-    Protocol(String),
+    Protocol(#[from] ProtocolError),
     /// Several connections failed (a `Del` fan-out).
     #[error("{}", join_errors(.0))]
     Multiple(Vec<ZdsError>),
+}
+
+/// What ztunnel sent that ZDS does not allow.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// An undecodable hello or answer.
+    #[error(transparent)]
+    Answer(#[from] AnswerError),
+    /// A descriptor with an answer.
+    #[error("ztunnel sent a file descriptor")]
+    Fd,
+    /// Data while no request was outstanding.
+    #[error("unsolicited {0} byte message from ztunnel")]
+    Unsolicited(usize),
+}
+
+impl From<TooLarge> for ZdsError {
+    fn from(TooLarge(n): TooLarge) -> Self {
+        Self::TooLarge(n)
+    }
 }
 
 fn join_errors(errs: &[ZdsError]) -> String {
@@ -125,7 +152,7 @@ impl Default for ZdsConfig {
 #[derive(Debug, Clone)]
 pub struct ZdsPod {
     /// Kubernetes pod UID.
-    pub uid: String,
+    pub uid: PodUid,
     /// Pod name.
     pub name: String,
     /// Pod namespace.
@@ -149,8 +176,8 @@ impl ZdsPod {
 #[derive(Debug)]
 enum Request {
     Add(ZdsPod),
-    Del(String),
-    Keep(String),
+    Del(PodUid),
+    Keep(PodUid),
     SnapshotSent,
 }
 
@@ -168,7 +195,7 @@ struct ConnHandle {
 
 #[derive(Debug, Default)]
 struct State {
-    pods: BTreeMap<String, ZdsPod>,
+    pods: BTreeMap<PodUid, ZdsPod>,
     conns: Vec<ConnHandle>,
     next_id: u64,
 }
@@ -203,20 +230,22 @@ impl ZdsServer {
 
     /// Binds the socket (removing a stale file first; the parent directory is created with
     /// mode 0700 when missing). Connections queue in the backlog until [`Self::serve`].
-    pub fn bind(path: &Path) -> Result<SeqpacketListener, ZdsError> {
-        let err = |source| ZdsError::Bind {
-            path: path.to_owned(),
-            source,
-        };
+    pub fn bind(path: &Path) -> Result<SeqPacketListener, ZdsError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
-                .map_err(err)?;
+                .map_err(|source| ZdsError::Dir {
+                    path: path.to_owned(),
+                    source,
+                })?;
         }
-        SeqpacketListener::bind(path).map_err(err)
+        SeqPacketListener::bind(path).map_err(|source| ZdsError::Bind {
+            path: path.to_owned(),
+            source,
+        })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -245,7 +274,7 @@ impl ZdsServer {
     }
 
     /// UIDs in the snapshot cache.
-    pub fn cached(&self) -> Vec<String> {
+    pub fn cached(&self) -> Vec<PodUid> {
         self.state().pods.keys().cloned().collect()
     }
 
@@ -272,14 +301,15 @@ impl ZdsServer {
 
     /// Forgets the pod and sends `Del` to every connection; zero connections is success.
     pub async fn del(&self, uid: &str) -> Result<(), ZdsError> {
+        let uid = PodUid::new(uid)?;
         let targets: Vec<mpsc::Sender<Job>> = {
             let mut st = self.state();
-            st.pods.remove(uid);
+            st.pods.remove(&uid);
             st.conns.iter().map(|c| c.tx.clone()).collect()
         };
         let mut errs = Vec::new();
         for tx in targets {
-            match submit(&tx, Request::Del(uid.to_owned())).await {
+            match submit(&tx, Request::Del(uid.clone())).await {
                 // A connection that went away no longer holds the pod.
                 Ok(()) | Err(ZdsError::ConnectionClosed) => {}
                 Err(e) => errs.push(e),
@@ -294,7 +324,7 @@ impl ZdsServer {
 
     /// Accepts ztunnels (at most one per `accept_interval`) until `shutdown` turns true;
     /// then every connection task is stopped.
-    pub async fn serve(&self, listener: SeqpacketListener, mut shutdown: watch::Receiver<bool>) {
+    pub async fn serve(&self, listener: SeqPacketListener, mut shutdown: watch::Receiver<bool>) {
         let mut conns = JoinSet::new();
         let mut next = Instant::now();
         loop {
@@ -330,7 +360,7 @@ impl ZdsServer {
         }
     }
 
-    async fn run_conn(&self, conn: SeqpacketConn) {
+    async fn run_conn(&self, conn: SeqPacket) {
         let (tx, rx) = mpsc::channel(self.inner.cfg.queue);
         // Registering and taking the snapshot under one lock means a concurrent `add`
         // either is in the snapshot or is queued behind it: never lost.
@@ -353,24 +383,24 @@ impl ZdsServer {
 
     async fn converse(
         &self,
-        conn: &SeqpacketConn,
+        conn: &SeqPacket,
         snapshot: Vec<ZdsPod>,
         mut rx: mpsc::Receiver<Job>,
     ) -> Result<(), ZdsError> {
         let cfg = &self.inner.cfg;
-        let hello = timeout(cfg.hello_timeout, conn.recv())
+        let mut buf = [0u8; MAX_MESSAGE];
+        let (n, _) = timeout(cfg.hello_timeout, conn.recv_with_fd(&mut buf))
             .await
             .map_err(|_| ZdsError::Timeout("waiting for ZdsHello"))?
             .map_err(|source| ZdsError::Io {
                 what: "reading ZdsHello",
                 source,
             })?;
-        if hello.eof {
+        if n == 0 {
             return Err(ZdsError::ConnectionClosed);
         }
-        let hello = ZdsHello::decode(hello.data.as_slice())
-            .map_err(|e| ZdsError::Protocol(format!("undecodable ZdsHello: {e}")))?;
-        tracing::info!(version = ?Version::try_from(hello.version), "ztunnel connected");
+        let version = wire::decode_hello(&buf[..n]).map_err(ProtocolError::from)?;
+        tracing::info!(version = ?Version::try_from(version), "ztunnel connected");
 
         for pod in &snapshot {
             let req = match &pod.netns {
@@ -403,56 +433,45 @@ impl ZdsServer {
                         return Err(ZdsError::ConnectionClosed);
                     }
                 }
-                got = conn.recv_if_ready() => {
-                    let got = got.map_err(|source| ZdsError::Io {
+                // Cancel-safe: nothing is consumed unless a datagram arrives.
+                got = conn.recv_with_fd(&mut buf) => {
+                    let (n, _) = got.map_err(|source| ZdsError::Io {
                         what: "reading while idle",
                         source,
                     })?;
-                    // Stale readiness from the last ack: nothing to read, keep waiting.
-                    let Some(got) = got else { continue };
-                    if got.eof {
+                    if n == 0 {
                         return Ok(());
                     }
-                    return Err(ZdsError::Protocol(format!(
-                        "unsolicited {} byte message from ztunnel",
-                        got.data.len()
-                    )));
+                    return Err(ProtocolError::Unsolicited(n).into());
                 }
             }
         }
     }
 
     /// Sends one request and waits for its ack.
-    async fn exchange(&self, conn: &SeqpacketConn, req: &Request) -> Result<(), ZdsError> {
+    async fn exchange(&self, conn: &SeqPacket, req: &Request) -> Result<(), ZdsError> {
         let cfg = &self.inner.cfg;
-        let (payload, fd) = match req {
+        let msg: wire::Request<BorrowedFd<'_>> = match req {
             Request::Add(pod) => {
                 let netns = pod
                     .netns
                     .as_ref()
                     .ok_or_else(|| ZdsError::NoNetns(pod.uid.clone()))?;
-                (
-                    Req::Add(AddWorkload {
-                        uid: pod.uid.clone(),
-                        workload_info: Some(pod.info()),
-                    }),
-                    Some(netns.as_fd()),
-                )
+                wire::Request::Add {
+                    uid: pod.uid.clone(),
+                    info: pod.info(),
+                    netns: netns.as_fd(),
+                }
             }
-            Request::Del(uid) => (Req::Del(DelWorkload { uid: uid.clone() }), None),
-            Request::Keep(uid) => (Req::Keep(KeepWorkload { uid: uid.clone() }), None),
-            Request::SnapshotSent => (Req::SnapshotSent(SnapshotSent {}), None),
+            Request::Del(uid) => wire::Request::Del { uid: uid.clone() },
+            Request::Keep(uid) => wire::Request::Keep { uid: uid.clone() },
+            Request::SnapshotSent => wire::Request::SnapshotSent,
         };
-        let bytes = WorkloadRequest {
-            payload: Some(payload),
-        }
-        .encode_to_vec();
-        if bytes.len() >= MAX_MESSAGE {
-            return Err(ZdsError::TooLarge(bytes.len()));
-        }
-        match timeout(cfg.request_timeout, conn.send(&bytes, fd)).await {
+        let bytes = msg.encode()?;
+        let fds: Vec<BorrowedFd<'_>> = msg.netns().copied().into_iter().collect();
+        match timeout(cfg.request_timeout, conn.send_with_fds(&bytes, &fds)).await {
             Err(_) => return Err(ZdsError::Timeout("writing to ztunnel")),
-            Ok(Err(e)) if is_disconnect(&e) => return Err(ZdsError::ConnectionClosed),
+            Ok(Err(e)) if e.is_disconnect() => return Err(ZdsError::ConnectionClosed),
             Ok(Err(source)) => {
                 return Err(ZdsError::Io {
                     what: "writing",
@@ -461,9 +480,10 @@ impl ZdsServer {
             }
             Ok(Ok(())) => {}
         }
-        let got = match timeout(cfg.request_timeout, conn.recv()).await {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let (n, fd) = match timeout(cfg.request_timeout, conn.recv_with_fd(&mut buf)).await {
             Err(_) => return Err(ZdsError::Timeout("waiting for ztunnel's ack")),
-            Ok(Err(e)) if is_disconnect(&e) => return Err(ZdsError::ConnectionClosed),
+            Ok(Err(e)) if e.is_disconnect() => return Err(ZdsError::ConnectionClosed),
             Ok(Err(source)) => {
                 return Err(ZdsError::Io {
                     what: "reading ack",
@@ -472,24 +492,15 @@ impl ZdsServer {
             }
             Ok(Ok(got)) => got,
         };
-        if got.eof {
+        if n == 0 {
             return Err(ZdsError::ConnectionClosed);
         }
-        if !got.fds.is_empty() {
-            return Err(ZdsError::Protocol("ztunnel sent a file descriptor".into()));
+        if fd.is_some() {
+            return Err(ProtocolError::Fd.into());
         }
-        match WorkloadResponse::decode(got.data.as_slice()) {
-            Ok(WorkloadResponse {
-                payload: Some(Resp::Ack(ack)),
-            }) => {
-                if ack.error.is_empty() {
-                    Ok(())
-                } else {
-                    Err(ZdsError::Nack(ack.error))
-                }
-            }
-            Ok(_) => Err(ZdsError::Protocol("response without ack".into())),
-            Err(e) => Err(ZdsError::Protocol(format!("undecodable response: {e}"))),
+        match wire::decode_answer(&buf[..n]).map_err(ProtocolError::from)? {
+            Answer::Ack => Ok(()),
+            Answer::Nack(e) => Err(ZdsError::Nack(e)),
         }
     }
 }

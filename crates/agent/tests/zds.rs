@@ -76,7 +76,7 @@ fn own_netns() -> Arc<NetnsFd> {
 
 fn pod(uid: &str, netns: Option<Arc<NetnsFd>>) -> ZdsPod {
     ZdsPod {
-        uid: uid.into(),
+        uid: uid.parse().unwrap(),
         name: format!("name-{uid}"),
         namespace: "ns".into(),
         service_account: "sa".into(),

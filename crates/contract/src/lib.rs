@@ -7,8 +7,10 @@
 //! |---|---|
 //! | [`ports`] | every well-known port: ztunnel's in-pod listeners, its admin/stats/readiness, the control plane, the agent's health and metrics |
 //! | [`marks`] | the packet mark ztunnel puts on its sockets, the connection mark and the policy-routing table the in-pod rules use |
+//! | [`zds`] | ZDS framing: the pod uid, requests, answers and hello as bytes, the message size limit (the transport is `ambit_netns::SeqPacket`) |
 
 #![forbid(unsafe_code)]
 
 pub mod marks;
 pub mod ports;
+pub mod zds;

@@ -21,7 +21,8 @@
 //!   including on a tokio worker thread.
 //! - [`set_command_netns`] makes a [`std::process::Command`] start inside a namespace.
 //! - [`SeqPacket`] / [`SeqPacketListener`]: `AF_UNIX` `SOCK_SEQPACKET` sockets that carry
-//!   one namespace descriptor per datagram (`SCM_RIGHTS`), for ZDS.
+//!   one namespace descriptor per datagram (`SCM_RIGHTS`): the one ZDS transport, used by
+//!   the agent's server, ztunnel's client and the test peers of both.
 //!
 //! Linux-only system calls live behind the single `imp` module switch; on other platforms
 //! every operation returns [`NetnsError::Unsupported`].
@@ -43,7 +44,7 @@ pub mod testing;
 pub use command::set_command_netns;
 pub use enter::{in_netns, run_in_netns_thread, spawn_in_netns_thread};
 pub use fd::{NetnsFd, NetnsId};
-pub use seqpacket::{MAX_DATAGRAM, SeqPacket, SeqPacketError, SeqPacketListener};
+pub use seqpacket::{SeqPacket, SeqPacketError, SeqPacketListener};
 pub use socket::{
     DefaultSocketFactory, Keepalive, NetnsSocketFactory, SocketError, SocketFactory, SocketOptions,
     Transparent, connect_tcp, is_transparent, original_dst,

@@ -1,6 +1,7 @@
-//! `AF_UNIX` `SOCK_SEQPACKET` sockets for ZDS (the CNI agent ↔ ztunnel protocol): one
-//! message per datagram, at most [`MAX_DATAGRAM`] bytes, and at most one file descriptor
-//! (`SCM_RIGHTS`) riding along, received close-on-exec.
+//! `AF_UNIX` `SOCK_SEQPACKET` sockets, the one transport of ZDS (the CNI agent ↔ ztunnel
+//! protocol; its framing is `ambit_contract::zds`): one message per datagram, read into a
+//! caller-sized buffer (a larger datagram is an error, never cut silently), and at most one
+//! file descriptor (`SCM_RIGHTS`) riding along, received close-on-exec.
 //!
 //! tokio has no SEQPACKET type, so this wraps the raw socket in an [`AsyncFd`]. The raw
 //! system calls live behind the crate's `imp` switch. [`SeqPacket::connect`] is the client
@@ -15,9 +16,6 @@ use std::{
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::imp;
-
-/// Size of the receive buffer both ZDS peers use; a larger datagram is an error.
-pub const MAX_DATAGRAM: usize = 1024;
 
 /// Errors of SEQPACKET sockets; each says which step failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,15 +56,33 @@ pub enum SeqPacketError {
     /// `recvmsg` failed.
     #[error("receiving: {0}")]
     Recv(io::Error),
-    /// The datagram did not fit [`MAX_DATAGRAM`] bytes (`MSG_TRUNC`).
-    #[error("message truncated: larger than {MAX_DATAGRAM} bytes")]
-    Truncated,
+    /// The datagram did not fit the receive buffer (`MSG_TRUNC`).
+    #[error("message truncated: larger than {0} bytes")]
+    Truncated(usize),
     /// The ancillary data did not fit (`MSG_CTRUNC`); received descriptors were closed.
     #[error("control message truncated")]
     ControlTruncated,
     /// More than one descriptor came with a datagram; all of them were closed.
     #[error("{0} file descriptors in one message, at most one is allowed")]
     TooManyFds(usize),
+}
+
+impl SeqPacketError {
+    /// Whether the error means the peer is gone (the connection is over, not broken by
+    /// what was said on it).
+    pub fn is_disconnect(&self) -> bool {
+        let io = match self {
+            Self::Send(e) | Self::Recv(e) => e,
+            _ => return false,
+        };
+        matches!(
+            io.kind(),
+            io::ErrorKind::BrokenPipe
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::NotConnected
+                | io::ErrorKind::UnexpectedEof
+        )
+    }
 }
 
 fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, SeqPacketError> {
@@ -131,8 +147,9 @@ impl SeqPacket {
     /// closed. Cancel-safe: nothing is consumed unless the future completes.
     pub async fn recv_with_fd(
         &self,
-        buf: &mut [u8; MAX_DATAGRAM],
+        buf: &mut [u8],
     ) -> Result<(usize, Option<OwnedFd>), SeqPacketError> {
+        let size = buf.len();
         let got = self
             .fd
             .async_io(Interest::READABLE, |sock| {
@@ -141,7 +158,7 @@ impl SeqPacket {
             .await
             .map_err(SeqPacketError::Recv)?;
         if got.truncated {
-            return Err(SeqPacketError::Truncated);
+            return Err(SeqPacketError::Truncated(size));
         }
         if got.control_truncated {
             return Err(SeqPacketError::ControlTruncated);
@@ -204,7 +221,8 @@ mod tests {
         let listener = SeqPacketListener::bind(&path).unwrap();
         let (client, server) = tokio::join!(SeqPacket::connect(&path), listener.accept());
         let (client, server) = (client.unwrap(), server.unwrap());
-        let mut buf = [0u8; MAX_DATAGRAM];
+        const SIZE: usize = 1024;
+        let mut buf = [0u8; SIZE];
 
         // Boundaries are kept; no descriptor.
         client.send(&[8, 1]).await.unwrap();
@@ -238,10 +256,10 @@ mod tests {
         assert!(matches!(err, SeqPacketError::TooManyFds(2)), "{err}");
 
         // Oversized datagram: rejected, and the next one still reads fine.
-        server.send(&[0u8; MAX_DATAGRAM + 1]).await.unwrap();
+        server.send(&[0u8; SIZE + 1]).await.unwrap();
         server.send(&[7]).await.unwrap();
         let err = client.recv_with_fd(&mut buf).await.unwrap_err();
-        assert!(matches!(err, SeqPacketError::Truncated), "{err}");
+        assert!(matches!(err, SeqPacketError::Truncated(SIZE)), "{err}");
         let (n, _) = client.recv_with_fd(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], &[7]);
 

@@ -247,7 +247,7 @@ impl Harness {
     /// Sends one request (with descriptors) and returns the ack's error ("" = ACK).
     async fn send(&self, data: &[u8], fds: &[BorrowedFd<'_>]) -> String {
         self.conn().send_with_fds(data, fds).await.unwrap();
-        let mut buf = [0u8; ambit_netns::MAX_DATAGRAM];
+        let mut buf = [0u8; ambit_contract::zds::MAX_MESSAGE];
         let (n, fd) = tokio::time::timeout(WAIT, self.conn().recv_with_fd(&mut buf))
             .await
             .expect("an ack in time")
@@ -271,7 +271,7 @@ impl Harness {
 
     /// The manager dropped the connection: accept its next one (hello checked).
     async fn reconnected(&mut self) {
-        let mut buf = [0u8; ambit_netns::MAX_DATAGRAM];
+        let mut buf = [0u8; ambit_contract::zds::MAX_MESSAGE];
         let (n, _) = tokio::time::timeout(WAIT, self.conn().recv_with_fd(&mut buf))
             .await
             .expect("the manager closes the connection")
@@ -318,7 +318,7 @@ async fn accept(listener: &SeqPacketListener) -> SeqPacket {
         .await
         .expect("the manager connects")
         .unwrap();
-    let mut buf = [0u8; ambit_netns::MAX_DATAGRAM];
+    let mut buf = [0u8; ambit_contract::zds::MAX_MESSAGE];
     let (n, fd) = conn.recv_with_fd(&mut buf).await.unwrap();
     assert_eq!((&buf[..n], fd.is_none()), (&[0x08u8, 0x01][..], true));
     conn

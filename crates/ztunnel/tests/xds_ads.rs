@@ -673,7 +673,7 @@ async fn zds_is_joined_only_once_policy_has_synced() {
     cp.xds
         .update(snapshot(&[("w1", "node1")], &[], &["p1", "refused"], &[]));
     let conn = within("the ZDS connection", zds.accept()).await.unwrap();
-    let mut buf = [0u8; ambit_netns::MAX_DATAGRAM];
+    let mut buf = [0u8; ambit_contract::zds::MAX_MESSAGE];
     let (n, _) = within("the hello", conn.recv_with_fd(&mut buf))
         .await
         .unwrap();

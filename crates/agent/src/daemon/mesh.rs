@@ -12,6 +12,8 @@ use super::aws_eni;
 use super::verify::{rules_present, ztunnel_listening};
 use super::{Core, Key};
 use crate::pods::{ENABLED, PENDING, Pod, PodSource, SourceError};
+use ambit_contract::zds::PodUid;
+
 use crate::zds::{ZdsError, ZdsPod};
 use ambit_redirect::FdRunner;
 
@@ -124,14 +126,20 @@ impl<S: PodSource> Core<S> {
             .map_err(MeshError::Annotate)
     }
 
-    pub(super) fn zds_pod(pod: &Pod, netns: &Arc<NetnsFd>) -> ZdsPod {
-        ZdsPod {
-            uid: pod.uid.clone(),
+    /// The pod as ZDS names it; `netns: None` makes a snapshot send `Keep`.
+    pub(super) fn zds_pod(pod: &Pod, netns: Option<&Arc<NetnsFd>>) -> Result<ZdsPod, ZdsError> {
+        Ok(ZdsPod {
+            uid: PodUid::new(pod.uid.clone())?,
             name: pod.name.clone(),
             namespace: pod.namespace.clone(),
             service_account: pod.service_account.clone(),
-            netns: Some(netns.clone()),
-        }
+            netns: netns.cloned(),
+        })
+    }
+
+    /// Sends `Add` for the pod with its netns and waits for ztunnel's ack.
+    async fn zds_add(&self, pod: &Pod, netns: &Arc<NetnsFd>) -> Result<(), ZdsError> {
+        self.zds.add(Self::zds_pod(pod, Some(netns))?).await
     }
 
     /// §1.4 step 5: netns → rules → ztunnel Add → probe set → annotation `enabled`.
@@ -213,7 +221,7 @@ impl<S: PodSource> Core<S> {
             },
         );
         // c. ztunnel; failure leaves the rules in place (fail closed) and marks pending.
-        if let Err(e) = self.zds.add(Self::zds_pod(pod, &netns)).await {
+        if let Err(e) = self.zds_add(pod, &netns).await {
             if pod.redirection() != Some(PENDING)
                 && let Err(ae) = self.annotate(pod, Some(PENDING)).await
             {
@@ -406,7 +414,7 @@ impl<S: PodSource> Core<S> {
             self.metrics.repairs.inc();
             let readd = async {
                 self.zds.del(&slot.pod.uid).await?;
-                self.zds.add(Self::zds_pod(&slot.pod, &slot.netns)).await
+                self.zds_add(&slot.pod, &slot.netns).await
             };
             match readd.await {
                 Ok(()) => listening = self::listening(&slot.netns).await,

@@ -32,7 +32,6 @@ use super::Core;
 use super::mesh::Slot;
 use crate::discovery::{Found, find_pod_netns, interface_ips};
 use crate::pods::{ENABLED, Pod, PodSource};
-use crate::zds::ZdsPod;
 use ambit_redirect::{FdRunner, HostRunner};
 
 /// What the restart pass did, for logs and tests.
@@ -162,13 +161,12 @@ impl<S: PodSource> Core<S> {
         for pod in snapshot {
             let Some(f) = found.remove(&pod.uid) else {
                 tracing::info!(pod = %pod.name, uid = %pod.uid, "restart: netns not found, ztunnel gets Keep");
-                self.zds.remember(ZdsPod {
-                    uid: pod.uid.clone(),
-                    name: pod.name.clone(),
-                    namespace: pod.namespace.clone(),
-                    service_account: pod.service_account.clone(),
-                    netns: None,
-                });
+                match Self::zds_pod(&pod, None) {
+                    Ok(zds_pod) => self.zds.remember(zds_pod),
+                    Err(e) => {
+                        tracing::warn!(pod = %pod.name, error = %e, "restart: pod not sent to ztunnel")
+                    }
+                }
                 report.keep.push(pod.uid);
                 continue;
             };
@@ -192,7 +190,12 @@ impl<S: PodSource> Core<S> {
                 }
             }
             tracing::info!(pod = %pod.name, uid = %pod.uid, pid = f.pid, netns = %netns.identity(), "restart: found pod netns");
-            self.zds.remember(Self::zds_pod(&pod, &netns));
+            match Self::zds_pod(&pod, Some(&netns)) {
+                Ok(zds_pod) => self.zds.remember(zds_pod),
+                Err(e) => {
+                    tracing::warn!(pod = %pod.name, error = %e, "restart: pod not sent to ztunnel")
+                }
+            }
             report.found.push(pod.uid.clone());
             enrolled.insert(
                 pod.uid.clone(),

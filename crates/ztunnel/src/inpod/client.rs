@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use ambit_netns::{MAX_DATAGRAM, SeqPacket, SeqPacketError};
+use ambit_contract::zds::{MAX_MESSAGE, PodUid};
+use ambit_netns::{SeqPacket, SeqPacketError};
 
 use super::{
     BACKOFF_INITIAL, BACKOFF_MAX, InpodManager, RETRY_INTERVAL, ZdsError, decode_request,
@@ -88,7 +89,7 @@ async fn connect(path: &std::path::Path) -> Result<SeqPacket, SeqPacketError> {
 /// Serves one connection. Returns how it ended and whether any request was handled
 /// successfully (then the reconnect backoff starts over).
 async fn serve(mgr: &InpodManager, sock: &SeqPacket, drain: &DrainWatcher) -> (End, bool) {
-    let mut buf = [0u8; MAX_DATAGRAM];
+    let mut buf = [0u8; MAX_MESSAGE];
     let mut retry =
         tokio::time::interval_at(tokio::time::Instant::now() + RETRY_INTERVAL, RETRY_INTERVAL);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -113,7 +114,7 @@ async fn serve(mgr: &InpodManager, sock: &SeqPacket, drain: &DrainWatcher) -> (E
             Ok(req) => {
                 tracing::info!(
                     message = req.kind(),
-                    uid = req.uid().unwrap_or(""),
+                    uid = req.uid().map(PodUid::as_str).unwrap_or(""),
                     "ZDS request"
                 );
                 mgr.handle(req).await

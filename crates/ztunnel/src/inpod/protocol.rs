@@ -1,131 +1,43 @@
-//! ZDS wire messages (§2.2): a received datagram plus its optional descriptor becomes a typed
-//! [`Request`]; hello and acks are encoded here. Pure functions, no sockets.
+//! ZDS wire messages (§2.2) as ztunnel reads them: the framing is `ambit_contract::zds`
+//! (shared with the agent); this module turns a received datagram plus its optional
+//! descriptor into a [`Request`] carrying a checked [`NetnsFd`], with ztunnel's NACK texts.
+//! Pure functions, no sockets.
 
 use std::os::fd::OwnedFd;
 
+use ambit_contract::zds::{self as wire, RequestError};
 use ambit_netns::NetnsFd;
-use ambit_proto::zds::{self, workload_request::Payload};
-use prost::Message;
 
 use super::ZdsError;
-use crate::proxy::LocalWorkload;
+
+pub use ambit_contract::zds::{encode_ack, encode_hello};
 
 /// One decoded agent request.
-#[derive(Debug)]
-pub enum Request {
-    /// Start (or keep) the proxies of a pod.
-    Add {
-        uid: String,
-        info: LocalWorkload,
-        netns: NetnsFd,
-    },
-    /// Snapshot only: keep a pod whose netns the agent can no longer open.
-    Keep { uid: String },
-    /// Stop a pod's proxies.
-    Del { uid: String },
-    /// End of the initial snapshot.
-    SnapshotSent,
-}
-
-impl Request {
-    /// Message name for logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Request::Add { .. } => "AddWorkload",
-            Request::Keep { .. } => "KeepWorkload",
-            Request::Del { .. } => "DelWorkload",
-            Request::SnapshotSent => "SnapshotSent",
-        }
-    }
-
-    /// The uid the request is about, if any.
-    pub fn uid(&self) -> Option<&str> {
-        match self {
-            Request::Add { uid, .. } | Request::Keep { uid } | Request::Del { uid } => Some(uid),
-            Request::SnapshotSent => None,
-        }
-    }
-}
-
-/// `ZdsHello{version: V1}` (bytes `08 01`), sent raw as the first datagram.
-pub fn encode_hello() -> Vec<u8> {
-    zds::ZdsHello {
-        version: zds::Version::V1 as i32,
-    }
-    .encode_to_vec()
-}
-
-/// `WorkloadResponse{ack: Ack{error}}`; `None` is an ACK (bytes `0a 00`).
-pub fn encode_ack(error: Option<&str>) -> Vec<u8> {
-    zds::WorkloadResponse {
-        payload: Some(zds::workload_response::Payload::Ack(zds::Ack {
-            error: error.unwrap_or_default().to_owned(),
-        })),
-    }
-    .encode_to_vec()
-}
+pub type Request = wire::Request<NetnsFd>;
 
 /// Decodes one `WorkloadRequest` and checks the descriptor rules: exactly one fd (a network
 /// namespace) with `AddWorkload`, none with anything else. A descriptor that is not used is
 /// closed when the error is dropped.
 pub fn decode_request(data: &[u8], fd: Option<OwnedFd>) -> Result<Request, ZdsError> {
-    let req = zds::WorkloadRequest::decode(data)?;
-    let no_fd = |message: &'static str| match &fd {
-        Some(_) => Err(ZdsError::UnexpectedFd { message }),
-        None => Ok(()),
-    };
-    let need_uid = |uid: String, message: &'static str| {
-        if uid.is_empty() {
-            Err(ZdsError::MissingUid { message })
-        } else {
-            Ok(uid)
-        }
-    };
-    match req.payload.ok_or(ZdsError::NoPayload)? {
-        Payload::Add(add) => {
-            let fd = fd.ok_or_else(|| ZdsError::MissingFd {
-                uid: add.uid.clone(),
-            })?;
-            let netns = NetnsFd::from_owned_fd(fd).map_err(|source| ZdsError::BadNetns {
-                uid: add.uid.clone(),
-                source,
-            })?;
-            let uid = need_uid(add.uid, "AddWorkload")?;
-            let info = add
-                .workload_info
-                .ok_or_else(|| ZdsError::MissingWorkloadInfo { uid: uid.clone() })?;
-            Ok(Request::Add {
-                uid,
-                info: LocalWorkload {
-                    name: info.name,
-                    namespace: info.namespace,
-                    service_account: info.service_account,
-                },
-                netns,
-            })
-        }
-        Payload::Keep(keep) => {
-            no_fd("KeepWorkload")?;
-            Ok(Request::Keep {
-                uid: need_uid(keep.uid, "KeepWorkload")?,
-            })
-        }
-        Payload::Del(del) => {
-            no_fd("DelWorkload")?;
-            Ok(Request::Del {
-                uid: need_uid(del.uid, "DelWorkload")?,
-            })
-        }
-        Payload::SnapshotSent(_) => {
-            no_fd("SnapshotSent")?;
-            Ok(Request::SnapshotSent)
-        }
-    }
+    wire::decode_request(data, fd, NetnsFd::from_owned_fd).map_err(|e| match e {
+        RequestError::Decode(e) => ZdsError::Decode(e),
+        RequestError::NoPayload => ZdsError::NoPayload,
+        RequestError::MissingFd { uid } => ZdsError::MissingFd { uid },
+        RequestError::UnexpectedFd { message } => ZdsError::UnexpectedFd { message },
+        RequestError::BadFd { uid, source } => ZdsError::BadNetns { uid, source },
+        RequestError::MissingUid { message } => ZdsError::MissingUid { message },
+        RequestError::MissingWorkloadInfo { uid } => ZdsError::MissingWorkloadInfo {
+            uid: uid.into_string(),
+        },
+    })
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    use ambit_proto::zds::{self, workload_request::Payload};
+    use prost::Message;
 
     use super::*;
 

@@ -80,8 +80,16 @@ impl InpodManager {
     /// Handles one request; `Ok` is an ACK, `Err` a NACK with that message.
     pub(super) async fn handle(&self, req: Request) -> Result<(), ZdsError> {
         match req {
-            Request::Add { uid, info, netns } => self.add(uid, info, netns).await,
+            Request::Add { uid, info, netns } => {
+                let info = LocalWorkload {
+                    name: info.name,
+                    namespace: info.namespace,
+                    service_account: info.service_account,
+                };
+                self.add(uid.into_string(), info, netns).await
+            }
             Request::Keep { uid } => {
+                let uid = uid.into_string();
                 let mut t = self.lock();
                 if t.snapshot_done {
                     return Err(ZdsError::KeepAfterSnapshot { uid });
@@ -90,6 +98,7 @@ impl InpodManager {
                 Ok(())
             }
             Request::Del { uid } => {
+                let uid = uid.into_string();
                 let removed = {
                     let mut t = self.lock();
                     t.pending.remove(&uid);
