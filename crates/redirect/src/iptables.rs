@@ -14,7 +14,7 @@ use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
 pub use host::{host_delete_commands, host_rules};
-pub use pod::{guardrail_rules, pod_delete_commands, pod_rules};
+pub use pod::{guardrail_rules, ipv6_fence, pod_delete_commands, pod_rules};
 
 use crate::config::Family;
 use crate::runner::Cmd;

@@ -94,6 +94,8 @@ pub enum Expr {
     Oifname(Cmp, String),
     /// `skuid N`
     SkUid(u32),
+    /// `meta nfproto ipv6`: the packet's family, in an `inet` table.
+    NfProto(Family),
 }
 
 fn family_kw(f: Family) -> &'static str {
@@ -155,6 +157,14 @@ impl fmt::Display for Expr {
             Self::Iifname(c, n) => write!(f, "iifname {}{n}", c.implicit()),
             Self::Oifname(c, n) => write!(f, "oifname {}{n}", c.implicit()),
             Self::SkUid(u) => write!(f, "skuid {u}"),
+            Self::NfProto(fam) => write!(
+                f,
+                "meta nfproto {}",
+                match fam {
+                    Family::V4 => "ipv4",
+                    Family::V6 => "ipv6",
+                }
+            ),
         }
     }
 }
@@ -164,6 +174,8 @@ impl fmt::Display for Expr {
 pub enum Stmt {
     /// `accept`
     Accept,
+    /// `drop`
+    Drop,
     /// `return`
     Return,
     /// `jump CHAIN`
@@ -189,6 +201,7 @@ impl fmt::Display for Stmt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Accept => f.write_str("accept"),
+            Self::Drop => f.write_str("drop"),
             Self::Return => f.write_str("return"),
             Self::Jump(c) => write!(f, "jump {c}"),
             Self::Redirect(p) => write!(f, "redirect to :{p}"),

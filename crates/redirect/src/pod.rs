@@ -1,7 +1,7 @@
 //! In-pod redirection: the entry point the agent uses per pod (`spec/cni.md` §3.1–§3.7).
 
 use crate::apply::{ApplyError, ApplyOutcome, VerifyReport, nftables, routes, xtables};
-use crate::config::{Backend, PodRedirectConfig};
+use crate::config::{Backend, Family, PodRedirectConfig};
 use crate::consts::{NFT_MANGLE_TABLE, NFT_NAT_TABLE, NFT_RAW_TABLE};
 use crate::iptables::{pod_delete_commands, pod_rules};
 use crate::nft::{pod_delete_transaction, pod_tables, pod_transaction};
@@ -29,6 +29,17 @@ impl InPod {
         }
     }
 
+    /// The families iptables rules are written for: both when IPv6 is configured, and also
+    /// when it is not but the kernel has IPv6 (then the v6 rules are the
+    /// [`crate::iptables::ipv6_fence`]); IPv4 alone on a kernel without IPv6.
+    fn xtables_families(&self) -> &'static [Family] {
+        if self.config.ipv6 || kernel_has_ipv6() {
+            &[Family::V4, Family::V6]
+        } else {
+            &[Family::V4]
+        }
+    }
+
     /// Write rules and netlink state into the netns `r` runs in. Re-applying identical
     /// rules is a no-op (iptables: [`ApplyOutcome::Unchanged`]; nftables: the atomic
     /// add+flush transaction rewrites the same content).
@@ -36,7 +47,7 @@ impl InPod {
         let outcome = match self.backend {
             Backend::Iptables => {
                 let mut overall = ApplyOutcome::Unchanged;
-                for &family in self.config.families() {
+                for &family in self.xtables_families() {
                     let o = xtables::apply(
                         r,
                         family,
@@ -61,7 +72,7 @@ impl InPod {
         let mut findings = match self.backend {
             Backend::Iptables => {
                 let mut f = Vec::new();
-                for &family in self.config.families() {
+                for &family in self.xtables_families() {
                     f.extend(xtables::verify(
                         r,
                         family,
@@ -84,7 +95,7 @@ impl InPod {
     pub fn delete(&self, r: &dyn NetnsRunner) -> Result<(), ApplyError> {
         match self.backend {
             Backend::Iptables => {
-                for &family in self.config.families() {
+                for &family in self.xtables_families() {
                     xtables::delete(r, &pod_delete_commands(family))?;
                 }
             }
@@ -94,6 +105,11 @@ impl InPod {
         }
         routes::delete(r, self.config.ipv6)
     }
+}
+
+/// Whether this kernel speaks IPv6 at all (the same in every network namespace).
+fn kernel_has_ipv6() -> bool {
+    std::path::Path::new("/proc/sys/net/ipv6").exists()
 }
 
 /// The most significant outcome across families.

@@ -87,6 +87,8 @@ fn cases() -> Vec<(&'static str, String)> {
                 V4,
             ),
         ),
+        // AMBIENT_IPV6=false on a kernel with IPv6: the v6 restore is the fence
+        ("iptables_v6_fence_ipv4_only", ipt(pod(v4_only), V6)),
         ("iptables_v4_delete", xt(iptables::pod_delete_commands(V4))),
         ("iptables_v6_delete", xt(iptables::pod_delete_commands(V6))),
         (

@@ -233,8 +233,15 @@ fn pod_apply_verify_reapply_delete() {
                     ns.sh(&["iptables-save"]).contains("-A ISTIO_OUTPUT"),
                     "{ctx}"
                 );
-                let v6 = ns.sh(&["ip6tables-save"]).contains("-A ISTIO_OUTPUT");
-                assert_eq!(v6, pod.config.ipv6, "{ctx}: ip6tables rules");
+                let v6_capture = ns
+                    .sh(&["ip6tables-save", "-t", "nat"])
+                    .contains("-A ISTIO_OUTPUT");
+                assert_eq!(v6_capture, pod.config.ipv6, "{ctx}: ip6tables capture");
+                // IPv4-only: IPv6 is fenced instead (hole 10 of issue 12).
+                let v6_fence = ns
+                    .sh(&["ip6tables-save", "-t", "mangle"])
+                    .contains("-A ISTIO_OUTPUT ! -o lo -j DROP");
+                assert_eq!(v6_fence, !pod.config.ipv6, "{ctx}: ip6tables fence");
             }
             Backend::Nftables => {
                 let rs = ns.sh(&["nft", "list", "ruleset"]);
@@ -592,5 +599,91 @@ fn probe_set_semantics() {
         assert!(v4only.upsert(ip("fd00::1"), "x").is_err(), "{ctx}");
         assert!(set.upsert(ip("10.0.0.3"), "bad\"uid").is_err(), "{ctx}");
         set.destroy().unwrap();
+    }
+}
+
+/// Issue 12, hole 10: a dual-stack pod enrolled with `AMBIENT_IPV6=false` gets no IPv6
+/// capture, so its IPv6 would go around ztunnel. The in-pod rules drop every IPv6 packet not
+/// on loopback instead (both backends); un-enrolment lifts the fence.
+#[test]
+fn ipv6_is_fenced_when_enrolment_is_ipv4_only() {
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::time::Duration;
+
+    use ambit_netns::{NetnsFd, in_netns};
+
+    if !root_or_skip("ipv6_is_fenced_when_enrolment_is_ipv4_only") {
+        return;
+    }
+    let connect = |ns: &NetnsFd, to: SocketAddr| {
+        in_netns(ns, || {
+            TcpStream::connect_timeout(&to, Duration::from_millis(500))
+        })
+        .unwrap()
+        .is_ok()
+    };
+    for backend in [Backend::Iptables, Backend::Nftables] {
+        let pod = TestNs::new();
+        let peer = TestNs::new();
+        pod.sh(&[
+            "ip", "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &peer.name,
+        ]);
+        for (ns, dev, addr) in [
+            (&pod, "va", "fd00:aa::1/64"),
+            (&peer, "vb", "fd00:aa::2/64"),
+        ] {
+            ns.sh(&["ip", "-6", "addr", "add", addr, "dev", dev, "nodad"]);
+            ns.sh(&["ip", "link", "set", dev, "up"]);
+        }
+        let (pod_fd, peer_fd) = (
+            NetnsFd::open(pod.path()).unwrap(),
+            NetnsFd::open(peer.path()).unwrap(),
+        );
+        let remote: SocketAddr = "[fd00:aa::2]:8080".parse().unwrap();
+        let local: SocketAddr = "[::1]:8081".parse().unwrap();
+        let _remote_listener = in_netns(&peer_fd, || TcpListener::bind(remote))
+            .unwrap()
+            .unwrap();
+        let _local_listener = in_netns(&pod_fd, || TcpListener::bind(local))
+            .unwrap()
+            .unwrap();
+        // The veth needs a moment for carrier: poll with a deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !connect(&pod_fd, remote) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{backend:?}: no IPv6 path before enrolment"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+
+        let inpod = InPod::new(
+            backend,
+            PodRedirectConfig {
+                ipv6: false,
+                ..PodRedirectConfig::default()
+            },
+        );
+        inpod.apply(&pod.runner()).unwrap();
+        assert!(
+            !connect(&pod_fd, remote),
+            "{backend:?}: IPv6 went around the capture"
+        );
+        assert!(
+            connect(&pod_fd, local),
+            "{backend:?}: IPv6 loopback must keep working"
+        );
+        let report = inpod.verify(&pod.runner()).unwrap();
+        assert!(
+            report.findings.is_empty(),
+            "{backend:?}: {:?}",
+            report.findings
+        );
+
+        inpod.delete(&pod.runner()).unwrap();
+        assert!(
+            connect(&pod_fd, remote),
+            "{backend:?}: fence left after un-enrolment"
+        );
     }
 }

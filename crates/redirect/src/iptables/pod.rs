@@ -10,12 +10,17 @@ use crate::config::{Family, PodRedirectConfig};
 use crate::consts::{DNS_CT_ZONE, RESTORE_MASK};
 use ambit_contract::{marks, ports};
 
-/// The in-pod rules for one family, in upstream's restore order.
+/// The in-pod rules for one family, in upstream's restore order. IPv6 on an IPv4-only
+/// configuration is [`ipv6_fence`].
 pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
     use Chain::{IstioOutput as IOut, IstioPrert as IPre, Output, Prerouting};
     use Match as M;
     use Neg::{Is, Not};
     use Table::{Mangle, Nat, Raw};
+
+    if family == Family::V6 && !cfg.ipv6 {
+        return ipv6_fence();
+    }
 
     let snat: IpAddr = match family {
         Family::V4 => cfg.probe_snat_v4.into(),
@@ -159,6 +164,32 @@ pub fn pod_rules(cfg: &PodRedirectConfig, family: Family) -> RuleSet {
         );
     }
     RuleSet { rules: r }
+}
+
+/// The `ip6tables` rules of an IPv4-only configuration (`AMBIENT_IPV6=false`): nothing
+/// captures IPv6, so every IPv6 packet not on loopback is dropped (it would go around
+/// ztunnel). In mangle (nat may not drop), in the usual ISTIO chains, so the usual delete
+/// list removes it.
+pub fn ipv6_fence() -> RuleSet {
+    use Chain::{IstioOutput, IstioPrert, Output, Prerouting};
+    let lo = || "lo".to_owned();
+    let rules = vec![
+        Rule::append(Table::Mangle, Prerouting, vec![], Target::Jump(IstioPrert)),
+        Rule::append(Table::Mangle, Output, vec![], Target::Jump(IstioOutput)),
+        Rule::append(
+            Table::Mangle,
+            IstioPrert,
+            vec![Match::InIface(Neg::Not, lo())],
+            Target::Drop,
+        ),
+        Rule::append(
+            Table::Mangle,
+            IstioOutput,
+            vec![Match::OutIface(Neg::Not, lo())],
+            Target::Drop,
+        ),
+    ];
+    RuleSet { rules }
 }
 
 /// Upstream's un-enrol delete list for one family (§3.6), in order. Every command may fail

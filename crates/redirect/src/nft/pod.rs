@@ -156,9 +156,21 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
     }
 
     // mangle
-    let mangle = vec![
-        ("prerouting", Rule::jump(PRE)),
-        ("output", Rule::jump(OUT)),
+    let mut mangle = vec![("prerouting", Rule::jump(PRE)), ("output", Rule::jump(OUT))];
+    if !cfg.ipv6 {
+        // IPv4-only enrolment: nothing captures IPv6, so it must not flow at all (it would
+        // go around ztunnel). Loopback stays.
+        let v6 = || Expr::NfProto(Family::V6);
+        mangle.push((
+            PRE,
+            Rule::counted(vec![v6(), Expr::Iifname(Ne, "lo".into())], Stmt::Drop),
+        ));
+        mangle.push((
+            OUT,
+            Rule::counted(vec![v6(), Expr::Oifname(Ne, "lo".into())], Stmt::Drop),
+        ));
+    }
+    mangle.extend([
         (
             PRE,
             Rule::counted(
@@ -181,7 +193,7 @@ pub fn pod_tables(cfg: &PodRedirectConfig) -> Vec<Table> {
                 Stmt::MetaMarkSetCtMark,
             ),
         ),
-    ];
+    ]);
 
     // raw
     let mut raw = Vec::new();
