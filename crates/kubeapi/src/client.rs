@@ -1,9 +1,13 @@
-//! The HTTP client: one connection per request (HTTP/2 when the server offers it over TLS,
-//! else HTTP/1.1), bearer-token auth, bounded bodies, and the four verbs ambit needs:
-//! [`Client::list`], [`Client::watch`], [`Client::get`] and [`Client::merge_patch`].
+//! The HTTP client: HTTP/2 when the server offers it over TLS, else HTTP/1.1; connections are
+//! reused (the one HTTP/2 connection carries every request and watch; up to
+//! [`MAX_IDLE_H1`] idle HTTP/1.1 connections are kept, a watch holds its own); a request that
+//! fails on a reused connection before any answer is retried once on a new one. Bearer-token,
+//! client-certificate and `exec`-plugin auth (a token that the server refuses with 401 is
+//! fetched again and the request retried once), bounded bodies, paged lists, and the verbs
+//! ambit needs:
+//! [`Client::list`], [`Client::watch`], [`Client::get`], [`Client::merge_patch`] and
+//! [`Client::create`].
 //!
-//! A connection per request keeps the client small; the callers make few requests (a list
-//! and a long-lived watch per resource, an annotation patch per pod enrolment).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -22,7 +26,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::config::{Auth, ConfigError, KubeConfig, Scheme, ServerUrl};
+use crate::exec::ExecCredential;
 use crate::watch::WatchStream;
+
+/// Idle HTTP/1.1 connections kept for reuse.
+pub const MAX_IDLE_H1: usize = 4;
+/// Most pages one list may take.
+const MAX_PAGES: usize = 10_000;
 
 /// The content type of a JSON merge patch (RFC 7386).
 pub const MERGE_PATCH: &str = "application/merge-patch+json";
@@ -78,6 +88,8 @@ pub enum Error {
     TooLarge { what: &'static str, limit: usize },
     #[error("watch stream silent for {0:?}")]
     Idle(Duration),
+    #[error("getting a token from the credential plugin")]
+    Exec(#[from] crate::exec::ExecError),
 }
 
 impl Error {
@@ -112,6 +124,8 @@ pub struct Limits {
     pub watch_idle: Duration,
     /// How long a token read from a file is used before it is read again.
     pub token_refresh: Duration,
+    /// Items asked for per list page (`limit`).
+    pub page_size: u32,
 }
 
 impl Default for Limits {
@@ -124,6 +138,7 @@ impl Default for Limits {
             watch_timeout: Duration::from_secs(290),
             watch_idle: Duration::from_secs(350),
             token_refresh: Duration::from_secs(60),
+            page_size: 500,
         }
     }
 }
@@ -147,7 +162,19 @@ struct Inner {
     tls: Option<(TlsConnector, ServerName<'static>)>,
     auth: Auth,
     token_cache: Mutex<Option<(Instant, String)>>,
+    /// The plugin's credential; the async lock makes concurrent callers wait for one run.
+    exec_cache: tokio::sync::Mutex<Option<ExecCredential>>,
+    pool: Mutex<Pool>,
     limits: Limits,
+}
+
+/// Connections kept for reuse.
+#[derive(Default)]
+struct Pool {
+    h2: Option<hyper::client::conn::http2::SendRequest<Full<Bytes>>>,
+    h1: Vec<hyper::client::conn::http1::SendRequest<Full<Bytes>>>,
+    /// Connections opened so far (for tests and logs).
+    opened: u64,
 }
 
 impl std::fmt::Debug for Client {
@@ -164,6 +191,12 @@ enum Sender {
     H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
 }
 
+/// A sender and whether it came from the pool.
+struct Conn {
+    sender: Sender,
+    reused: bool,
+}
+
 impl Client {
     pub fn new(config: KubeConfig) -> Result<Self, ConfigError> {
         let tls = match config.server.scheme {
@@ -172,9 +205,17 @@ impl Client {
                 let ca = config.ca_pem.as_deref().ok_or_else(|| ConfigError::NoCa {
                     url: config.server.to_string(),
                 })?;
-                let mut tls =
-                    ambit_tls::client_config_for_root(ca, config.tls_server_name.as_deref())
-                        .map_err(ConfigError::Tls)?;
+                let alt = config.tls_server_name.as_deref();
+                let mut tls = match &config.client_identity {
+                    None => ambit_tls::client_config_for_root(ca, alt),
+                    Some(id) => {
+                        let identity =
+                            ambit_tls::ServerCertificate::from_pem(&id.cert_pem, &id.key_pem)
+                                .map_err(ConfigError::ClientCertificate)?;
+                        ambit_tls::client_config_with_identity(ca, alt, &identity)
+                    }
+                }
+                .map_err(ConfigError::Tls)?;
                 tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
                 let name = ServerName::try_from(config.server.host.clone()).map_err(|_| {
                     ConfigError::Url {
@@ -191,6 +232,8 @@ impl Client {
                 tls,
                 auth: config.auth,
                 token_cache: Mutex::new(None),
+                exec_cache: tokio::sync::Mutex::new(None),
+                pool: Mutex::new(Pool::default()),
                 limits: Limits::default(),
             }),
         })
@@ -205,6 +248,8 @@ impl Client {
                 tls: old.tls.clone(),
                 auth: old.auth.clone(),
                 token_cache: Mutex::new(None),
+                exec_cache: tokio::sync::Mutex::new(None),
+                pool: Mutex::new(Pool::default()),
                 limits,
             }),
         }
@@ -218,18 +263,32 @@ impl Client {
         &self.inner.limits
     }
 
-    /// `GET path[?fieldSelector=…]`: every item and the list's resource version.
+    /// How many connections this client has opened (reuse keeps it low).
+    pub fn connections_opened(&self) -> u64 {
+        self.lock_pool().opened
+    }
+
+    fn lock_pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.inner
+            .pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `GET path[?fieldSelector=…]`: every item and the list's resource version, page by
+    /// page ([`Limits::page_size`] items each, following `metadata.continue`). A continue
+    /// token the server no longer accepts comes back as [`Error::Gone`]: list again.
     pub async fn list(
         &self,
         path: &str,
         field_selector: Option<&str>,
     ) -> Result<ObjectList, Error> {
-        let query = Query::new().opt("fieldSelector", field_selector);
-        let body = self.call(Method::GET, path, &query, None).await?;
         #[derive(Deserialize)]
         struct ListMeta {
             #[serde(default, rename = "resourceVersion")]
             resource_version: Option<String>,
+            #[serde(default, rename = "continue")]
+            next: Option<String>,
         }
         #[derive(Deserialize)]
         struct List {
@@ -237,28 +296,49 @@ impl Client {
             metadata: Option<ListMeta>,
             items: Option<Vec<Value>>,
         }
-        let list: List = serde_json::from_slice(&body).map_err(|source| Error::Json {
-            what: "a list",
-            source,
-        })?;
-        let items = list.items.unwrap_or_default();
-        if let Some(bad) = items.iter().find(|i| !i.is_object()) {
-            return Err(Error::Shape {
-                what: "list item",
-                reason: format!("expected an object, found {bad}"),
-            });
-        }
-        let resource_version = list
-            .metadata
-            .and_then(|m| m.resource_version)
-            .filter(|rv| !rv.is_empty())
-            .ok_or_else(|| Error::Shape {
-                what: "list",
-                reason: "no metadata.resourceVersion".into(),
+        let page_size = self.inner.limits.page_size.to_string();
+        let mut items = Vec::new();
+        let mut next: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let query = Query::new()
+                .opt("fieldSelector", field_selector)
+                .add("limit", &page_size)
+                .opt("continue", next.as_deref());
+            let body = self.call(Method::GET, path, &query, None).await?;
+            let list: List = serde_json::from_slice(&body).map_err(|source| Error::Json {
+                what: "a list",
+                source,
             })?;
-        Ok(ObjectList {
-            items,
-            resource_version,
+            let page = list.items.unwrap_or_default();
+            if let Some(bad) = page.iter().find(|i| !i.is_object()) {
+                return Err(Error::Shape {
+                    what: "list item",
+                    reason: format!("expected an object, found {bad}"),
+                });
+            }
+            items.extend(page);
+            let meta = list.metadata;
+            next = meta
+                .as_ref()
+                .and_then(|m| m.next.clone())
+                .filter(|c| !c.is_empty());
+            if next.is_none() {
+                let resource_version = meta
+                    .and_then(|m| m.resource_version)
+                    .filter(|rv| !rv.is_empty())
+                    .ok_or_else(|| Error::Shape {
+                        what: "list",
+                        reason: "no metadata.resourceVersion".into(),
+                    })?;
+                return Ok(ObjectList {
+                    items,
+                    resource_version,
+                });
+            }
+        }
+        Err(Error::TooLarge {
+            what: "list (pages)",
+            limit: MAX_PAGES,
         })
     }
 
@@ -288,6 +368,24 @@ impl Client {
         })
     }
 
+    /// `POST path` with a JSON object (a create, e.g. a `TokenReview`); returns what the
+    /// server answered.
+    pub async fn create(&self, path: &str, object: &Value) -> Result<Value, Error> {
+        let body = Bytes::from(object.to_string());
+        let body = self
+            .call(
+                Method::POST,
+                path,
+                &Query::new(),
+                Some(("application/json", body)),
+            )
+            .await?;
+        serde_json::from_slice(&body).map_err(|source| Error::Json {
+            what: "a created object",
+            source,
+        })
+    }
+
     /// `GET path?watch=true&resourceVersion=…`: the events after `resource_version`, with
     /// bookmarks, until the server ends the stream (after [`Limits::watch_timeout`]).
     pub async fn watch(
@@ -306,14 +404,14 @@ impl Client {
                 "timeoutSeconds",
                 &limits.watch_timeout.as_secs().to_string(),
             );
-        let open = self.send(Method::GET, path, &query, None);
-        let response = tokio::time::timeout(limits.request_timeout, open)
+        let open = self.exchange(Method::GET, path, &query, None);
+        let (response, _conn) = tokio::time::timeout(limits.request_timeout, open)
             .await
             .map_err(|_| Error::Timeout {
                 what: "opening a watch",
                 after: limits.request_timeout,
             })??;
-        let response = self.check(Method::GET, path, response).await?;
+        // The connection stays with the stream (HTTP/1.1) or is shared (HTTP/2).
         Ok(WatchStream::new(
             response.into_body(),
             limits.max_line,
@@ -321,7 +419,8 @@ impl Client {
         ))
     }
 
-    /// A non-watch request: status checked, body read (bounded) within the request timeout.
+    /// A non-watch request: status checked, body read (bounded) within the request timeout;
+    /// the connection goes back to the pool afterwards.
     async fn call(
         &self,
         method: Method,
@@ -331,14 +430,15 @@ impl Client {
     ) -> Result<Bytes, Error> {
         let after = self.inner.limits.request_timeout;
         let exchange = async {
-            let response = self.send(method.clone(), path, query, body).await?;
-            let response = self.check(method, path, response).await?;
-            read_body(
+            let (response, conn) = self.exchange(method, path, query, body).await?;
+            let bytes = read_body(
                 response.into_body(),
                 self.inner.limits.max_body,
                 "response body",
             )
-            .await
+            .await?;
+            self.release(conn);
+            Ok(bytes)
         };
         tokio::time::timeout(after, exchange)
             .await
@@ -346,6 +446,39 @@ impl Client {
                 what: "API request",
                 after,
             })?
+    }
+
+    /// Sends a request and checks its status: retried once on a new connection when a reused
+    /// one fails before answering, and once with a fresh token after a 401.
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        query: &Query,
+        body: Option<(&'static str, Bytes)>,
+    ) -> Result<(Response<Incoming>, Conn), Error> {
+        let mut refreshed = false;
+        let mut fresh_connection = false;
+        loop {
+            let mut conn = self.conn(fresh_connection).await?;
+            let sent = self
+                .send(&mut conn.sender, method.clone(), path, query, body.clone())
+                .await;
+            let response = match sent {
+                Ok(r) => r,
+                Err(Error::Http(_)) if conn.reused && !fresh_connection => {
+                    fresh_connection = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if response.status() == StatusCode::UNAUTHORIZED && !refreshed && self.refreshable() {
+                refreshed = true;
+                self.forget_token().await;
+                continue;
+            }
+            return Ok((self.check(method, path, response).await?, conn));
+        }
     }
 
     /// Maps a non-2xx answer to an error, reading the `Status` object it carries.
@@ -384,6 +517,7 @@ impl Client {
 
     async fn send(
         &self,
+        sender: &mut Sender,
         method: Method,
         path: &str,
         query: &Query,
@@ -394,7 +528,6 @@ impl Client {
         }
         let server = &self.inner.server;
         let path_and_query = format!("{}{path}{}", server.base_path, query.render());
-        let mut sender = self.connect().await?;
         let uri = match sender {
             Sender::H1(_) => path_and_query,
             Sender::H2(_) => {
@@ -430,11 +563,75 @@ impl Client {
         let request = request
             .body(body)
             .map_err(|_| Error::InvalidRequest(uri.clone()))?;
-        match &mut sender {
-            Sender::H1(s) => s.send_request(request).await,
+        match sender {
+            Sender::H1(s) => {
+                s.ready().await.map_err(Error::Http)?;
+                s.send_request(request).await
+            }
             Sender::H2(s) => s.send_request(request).await,
         }
         .map_err(Error::Http)
+    }
+
+    /// A connection: the shared HTTP/2 one or an idle HTTP/1.1 one when there is one (and
+    /// `fresh` is false), else a new one.
+    async fn conn(&self, fresh: bool) -> Result<Conn, Error> {
+        if !fresh {
+            let mut pool = self.lock_pool();
+            if let Some(h2) = &pool.h2 {
+                if !h2.is_closed() {
+                    return Ok(Conn {
+                        sender: Sender::H2(h2.clone()),
+                        reused: true,
+                    });
+                }
+                pool.h2 = None;
+            }
+            while let Some(h1) = pool.h1.pop() {
+                if h1.is_ready() {
+                    return Ok(Conn {
+                        sender: Sender::H1(h1),
+                        reused: true,
+                    });
+                }
+            }
+        }
+        let sender = self.connect().await?;
+        let mut pool = self.lock_pool();
+        pool.opened += 1;
+        if let Sender::H2(h2) = &sender {
+            pool.h2 = Some(h2.clone());
+        }
+        Ok(Conn {
+            sender,
+            reused: false,
+        })
+    }
+
+    /// Returns an HTTP/1.1 connection whose exchange completed to the pool.
+    fn release(&self, conn: Conn) {
+        if let Sender::H1(h1) = conn.sender
+            && !h1.is_closed()
+        {
+            let mut pool = self.lock_pool();
+            if pool.h1.len() < MAX_IDLE_H1 {
+                pool.h1.push(h1);
+            }
+        }
+    }
+
+    /// Whether a 401 may be cured by getting the token again.
+    fn refreshable(&self) -> bool {
+        matches!(self.inner.auth, Auth::TokenFile(_) | Auth::Exec(_))
+    }
+
+    async fn forget_token(&self) {
+        *self
+            .inner
+            .token_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *self.inner.exec_cache.lock().await = None;
     }
 
     async fn connect(&self) -> Result<Sender, Error> {
@@ -479,6 +676,21 @@ impl Client {
         match &self.inner.auth {
             Auth::None => Ok(None),
             Auth::Token(t) => Ok(Some(t.clone())),
+            Auth::Exec(exec) => {
+                let mut cache = self.inner.exec_cache.lock().await;
+                let margin = Duration::from_secs(10);
+                let valid = |c: &ExecCredential| {
+                    c.expires
+                        .is_none_or(|t| t > std::time::SystemTime::now() + margin)
+                };
+                if let Some(c) = cache.as_ref().filter(|c| valid(c)) {
+                    return Ok(Some(c.token.clone()));
+                }
+                let fresh = exec.run().await?;
+                let token = fresh.token.clone();
+                *cache = Some(fresh);
+                Ok(Some(token))
+            }
             Auth::TokenFile(path) => {
                 let fresh = self.inner.limits.token_refresh;
                 {

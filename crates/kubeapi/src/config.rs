@@ -3,16 +3,20 @@
 //! variable lookup (see [`KubeConfig::in_cluster`]), as every ambit library does.
 //!
 //! Supported: `https://` (CA from `certificate-authority-data` or `certificate-authority`,
-//! optional `tls-server-name`) and plain `http://` (e.g. `kubectl proxy`); bearer tokens
-//! (`token`, `tokenFile`, the service-account token file, which is re-read as the kubelet
-//! rotates it) or no credentials. Client certificates, `exec` and `auth-provider` plugins,
-//! basic auth and `insecure-skip-tls-verify` are reported as [`ConfigError::Unsupported`]
-//! instead of being silently ignored.
+//! optional `tls-server-name`) and plain `http://` (e.g. `kubectl proxy`); client
+//! certificates (`client-certificate[-data]` + `client-key[-data]`: kind, k3d, minikube);
+//! bearer tokens (`token`, `tokenFile`, the service-account token file, which is re-read as
+//! the kubelet rotates it); `exec` credential plugins that return tokens (EKS, GKE, AKS; see
+//! [`crate::exec`]); or no credentials. `auth-provider` plugins, basic auth, impersonation and
+//! `insecure-skip-tls-verify` are reported as [`ConfigError::Unsupported`] instead of being
+//! silently ignored.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::exec::{API_VERSIONS, ExecConfig, resolve_command};
 
 /// The service-account directory mounted into every pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -38,6 +42,8 @@ pub enum ConfigError {
     NoCa { url: String },
     #[error("building the TLS configuration")]
     Tls(#[source] ambit_tls::ConfigError),
+    #[error("the kubeconfig's client certificate or key is unusable")]
+    ClientCertificate(#[source] ambit_tls::CertError),
     #[error(
         "no Kubernetes API configuration: KUBECONFIG is not set, KUBERNETES_SERVICE_HOST is \
          not set (not in a pod) and {home_config} does not exist"
@@ -147,6 +153,8 @@ pub enum Auth {
     /// A bearer token read from a file, re-read periodically (projected service-account
     /// tokens are rotated by the kubelet).
     TokenFile(PathBuf),
+    /// A bearer token from a credential plugin, run again when it expires.
+    Exec(ExecConfig),
 }
 
 impl fmt::Debug for Auth {
@@ -156,7 +164,21 @@ impl fmt::Debug for Auth {
             Auth::None => f.write_str("None"),
             Auth::Token(_) => f.write_str("Token(<redacted>)"),
             Auth::TokenFile(p) => f.debug_tuple("TokenFile").field(p).finish(),
+            Auth::Exec(e) => f.debug_tuple("Exec").field(e).finish(),
         }
+    }
+}
+
+/// A TLS client certificate and its key, PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClientIdentity(<redacted>)")
     }
 }
 
@@ -168,6 +190,8 @@ pub struct KubeConfig {
     pub ca_pem: Option<String>,
     /// Name to verify the server certificate against instead of the URL's host.
     pub tls_server_name: Option<String>,
+    /// Presented when the server asks for a client certificate.
+    pub client_identity: Option<ClientIdentity>,
     pub auth: Auth,
 }
 
@@ -178,6 +202,7 @@ impl KubeConfig {
             server: ServerUrl::parse(url)?,
             ca_pem: None,
             tls_server_name: None,
+            client_identity: None,
             auth: Auth::None,
         })
     }
@@ -211,6 +236,7 @@ impl KubeConfig {
             server,
             ca_pem: Some(ca_pem),
             tls_server_name: None,
+            client_identity: None,
             auth: Auth::TokenFile(sa_dir.join("token")),
         })
     }
@@ -328,8 +354,25 @@ impl KubeConfig {
             }
             (None, None) => None,
         };
-        let auth = match context.user.as_deref().filter(|u| !u.is_empty()) {
-            None => Auth::None,
+        let read_pem = |data: &Option<String>, path: &Option<String>, what: &str| match (data, path)
+        {
+            (Some(d), _) => {
+                let bytes =
+                    base64_decode(d).ok_or_else(|| err(format!("{what}-data is not base64")))?;
+                String::from_utf8(bytes)
+                    .map(Some)
+                    .map_err(|_| err(format!("{what}-data is not PEM text")))
+            }
+            (None, Some(p)) => {
+                let path = resolve(p);
+                std::fs::read_to_string(&path)
+                    .map(Some)
+                    .map_err(|source| ConfigError::Read { path, source })
+            }
+            (None, None) => Ok(None),
+        };
+        let (auth, client_identity) = match context.user.as_deref().filter(|u| !u.is_empty()) {
+            None => (Auth::None, None),
             Some(user_name) => {
                 let user = kc
                     .users
@@ -338,14 +381,6 @@ impl KubeConfig {
                     .map(|u| &u.user)
                     .ok_or_else(|| err(format!("user {user_name:?} not found")))?;
                 let others = [
-                    (
-                        "client certificates",
-                        user.client_certificate_data.is_some(),
-                    ),
-                    ("client certificates", user.client_certificate.is_some()),
-                    ("client keys", user.client_key_data.is_some()),
-                    ("client keys", user.client_key.is_some()),
-                    ("exec credential plugins", user.exec.is_some()),
                     ("auth-provider plugins", user.auth_provider.is_some()),
                     ("basic auth (username/password)", user.username.is_some()),
                     ("impersonation (as)", user.impersonate.is_some()),
@@ -353,17 +388,36 @@ impl KubeConfig {
                 if let Some((what, _)) = others.iter().find(|(_, present)| *present) {
                     return Err(unsupported(what));
                 }
-                match (&user.token, &user.token_file) {
-                    (Some(t), _) if !t.is_empty() => Auth::Token(t.clone()),
-                    (_, Some(f)) if !f.is_empty() => Auth::TokenFile(resolve(f)),
+                let cert = read_pem(
+                    &user.client_certificate_data,
+                    &user.client_certificate,
+                    "client-certificate",
+                )?;
+                let key = read_pem(&user.client_key_data, &user.client_key, "client-key")?;
+                let identity = match (cert, key) {
+                    (Some(cert_pem), Some(key_pem)) => Some(ClientIdentity { cert_pem, key_pem }),
+                    (None, None) => None,
+                    _ => {
+                        return Err(err(format!(
+                            "user {user_name:?}: a client certificate needs both the \
+                             certificate and the key"
+                        )));
+                    }
+                };
+                let auth = match (&user.token, &user.token_file, &user.exec) {
+                    (Some(t), _, _) if !t.is_empty() => Auth::Token(t.clone()),
+                    (_, Some(f), _) if !f.is_empty() => Auth::TokenFile(resolve(f)),
+                    (_, _, Some(exec)) => Auth::Exec(exec_config(exec, dir).map_err(err)?),
                     _ => Auth::None,
-                }
+                };
+                (auth, identity)
             }
         };
         Ok(Self {
             server,
             ca_pem,
             tls_server_name: cluster.tls_server_name.clone().filter(|n| !n.is_empty()),
+            client_identity,
             auth,
         })
     }
@@ -440,13 +494,66 @@ struct UserEntry {
     #[serde(default)]
     client_key: Option<String>,
     #[serde(default)]
-    exec: Option<serde_norway::Value>,
+    exec: Option<ExecEntry>,
     #[serde(default)]
     auth_provider: Option<serde_norway::Value>,
     #[serde(default)]
     username: Option<String>,
     #[serde(default, rename = "as")]
     impersonate: Option<String>,
+}
+
+/// `user.exec` of a kubeconfig.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ExecEntry {
+    command: String,
+    #[serde(default)]
+    args: Option<Vec<String>>,
+    #[serde(default)]
+    env: Option<Vec<ExecEnv>>,
+    #[serde(default)]
+    api_version: Option<String>,
+    /// `Never`, `IfAvailable`, `Always`: ambit never runs plugins interactively, so `Always`
+    /// is refused.
+    #[serde(default)]
+    interactive_mode: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ExecEnv {
+    name: String,
+    value: String,
+}
+
+fn exec_config(e: &ExecEntry, dir: &Path) -> Result<ExecConfig, String> {
+    let api_version = e
+        .api_version
+        .clone()
+        .unwrap_or_else(|| API_VERSIONS[0].to_string());
+    if !API_VERSIONS.contains(&api_version.as_str()) {
+        return Err(format!(
+            "exec apiVersion {api_version:?} (supported: {})",
+            API_VERSIONS.join(", ")
+        ));
+    }
+    if e.interactive_mode.as_deref() == Some("Always") {
+        return Err("exec interactiveMode Always: ambit cannot run a plugin interactively".into());
+    }
+    if e.command.is_empty() {
+        return Err("exec command is empty".into());
+    }
+    Ok(ExecConfig {
+        command: resolve_command(&e.command, dir),
+        args: e.args.clone().unwrap_or_default(),
+        env: e
+            .env
+            .iter()
+            .flatten()
+            .map(|v| (v.name.clone(), v.value.clone()))
+            .collect(),
+        api_version,
+    })
 }
 
 /// Standard base64 (padding optional, whitespace ignored); `None` on any other character.
@@ -659,35 +766,89 @@ users:
     }
 
     #[test]
-    fn kubeconfig_unsupported_auth_is_reported() {
+    fn kubeconfig_users() {
+        enum Want {
+            Unsupported(&'static str),
+            Invalid(&'static str),
+            Auth(Auth, bool),
+        }
+        let exec = |cmd: &str, args: &[&str], env: &[(&str, &str)]| {
+            Auth::Exec(ExecConfig {
+                command: PathBuf::from(cmd),
+                args: args.iter().map(|a| a.to_string()).collect(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                api_version: "client.authentication.k8s.io/v1beta1".into(),
+            })
+        };
         let cases = [
             (
                 "user: {token: secret}",
                 "user: {client-certificate-data: QQ==, client-key-data: QQ==}",
-                "client certificates",
+                Want::Auth(Auth::None, true),
             ),
             (
                 "user: {token: secret}",
-                "user: {exec: {command: aws}}",
-                "exec credential plugins",
+                "user: {client-certificate-data: QQ==}",
+                Want::Invalid("both the certificate and the key"),
             ),
-            ("user: {token: secret}", "user: {tokenFile: tok}", ""),
+            (
+                "user: {token: secret}",
+                "user: {exec: {apiVersion: client.authentication.k8s.io/v1beta1, command: aws, \
+                 args: [eks, get-token], env: [{name: AWS_PROFILE, value: p}]}}",
+                Want::Auth(
+                    exec("aws", &["eks", "get-token"], &[("AWS_PROFILE", "p")]),
+                    false,
+                ),
+            ),
+            (
+                "user: {token: secret}",
+                "user: {exec: {apiVersion: client.authentication.k8s.io/v1beta1, command: ./bin/p}}",
+                Want::Auth(exec("/etc/./bin/p", &[], &[]), false),
+            ),
+            (
+                "user: {token: secret}",
+                "user: {exec: {apiVersion: client.authentication.k8s.io/v1alpha1, command: x}}",
+                Want::Invalid("v1alpha1"),
+            ),
+            (
+                "user: {token: secret}",
+                "user: {exec: {command: x, interactiveMode: Always}}",
+                Want::Invalid("interactiveMode"),
+            ),
+            (
+                "user: {token: secret}",
+                "user: {auth-provider: {name: gcp}}",
+                Want::Unsupported("auth-provider plugins"),
+            ),
+            (
+                "user: {token: secret}",
+                "user: {tokenFile: tok}",
+                Want::Auth(Auth::TokenFile(PathBuf::from("/etc/tok")), false),
+            ),
             (
                 "tls-server-name: kubernetes",
                 "insecure-skip-tls-verify: true",
-                "insecure-skip-tls-verify",
+                Want::Unsupported("insecure-skip-tls-verify"),
             ),
         ];
-        for (from, to, what) in cases {
+        for (from, to, want) in cases {
             let text = KUBECONFIG.replace(from, to);
             let result = KubeConfig::from_kubeconfig("kc", &text, Path::new("/etc"));
-            match result {
-                Err(ConfigError::Unsupported { what: w, .. }) => assert_eq!(w, what),
-                Ok(c) => {
-                    assert_eq!(what, "");
-                    assert_eq!(c.auth, Auth::TokenFile(PathBuf::from("/etc/tok")));
+            match (result, want) {
+                (Err(ConfigError::Unsupported { what: w, .. }), Want::Unsupported(what)) => {
+                    assert_eq!(w, what)
                 }
-                Err(e) => panic!("{to}: {e}"),
+                (Err(ConfigError::Kubeconfig { reason, .. }), Want::Invalid(needle)) => {
+                    assert!(reason.contains(needle), "{to}: {reason}")
+                }
+                (Ok(c), Want::Auth(auth, identity)) => {
+                    assert_eq!(c.auth, auth, "{to}");
+                    assert_eq!(c.client_identity.is_some(), identity, "{to}");
+                }
+                (got, _) => panic!("{to}: unexpected {got:?}"),
             }
         }
         let missing = KUBECONFIG.replace("current-context: main", "current-context: other");

@@ -14,8 +14,9 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`config`] | [`KubeConfig`]: in-cluster service account or kubeconfig file (server, CA, token); [`KubeConfig::from_environment`] picks one as client-go does |
-//! | [`client`] | [`Client`]: `list`, `watch`, `get`, `merge_patch`; typed [`Error`]s; size and time [`Limits`] |
+//! | [`config`] | [`KubeConfig`]: in-cluster service account or kubeconfig file (server, CA, client certificate, token, exec plugin); [`KubeConfig::from_environment`] picks one by the one rule every ambit role uses |
+//! | [`exec`] | `exec` credential plugins: run with a deadline and bounded output, tokens cached until they expire |
+//! | [`client`] | [`Client`]: `list` (paged), `watch`, `get`, `merge_patch`, `create`; connection reuse; typed [`Error`]s; size and time [`Limits`] |
 //! | [`watch`] | [`WatchStream`] of [`WatchEvent`]s: newline-delimited JSON with a bounded line size |
 //! | [`reflector`] | [`Reflector`]: list + watch with a map by (namespace, name), relist on 410 |
 //! | [`testing`] | [`testing::FakeApiServer`]: a real HTTP server with the API server's JSON shapes, for tests |
@@ -23,17 +24,22 @@
 //! Nothing here panics on what the server sends: malformed JSON, wrong shapes, oversized
 //! bodies or lines and error statuses all come back as [`Error`] values.
 //!
-//! Not implemented (not needed yet): paginated lists (`limit` / `continue`), client
-//! certificates and exec credential plugins, connection reuse across requests.
+//! Lists are paged (`limit` / `continue`); connections are reused across requests (one HTTP/2
+//! connection, or a few idle HTTP/1.1 ones); kubeconfig client certificates and `exec`
+//! credential plugins ([`exec`]) are supported.
 
 pub mod client;
 pub mod config;
+pub mod exec;
 pub mod reflector;
 pub mod testing;
 pub mod watch;
 
 pub use client::{Client, Error, Limits, MERGE_PATCH, ObjectList};
-pub use config::{Auth, ConfigError, KubeConfig, SERVICE_ACCOUNT_DIR, Scheme, ServerUrl};
+pub use config::{
+    Auth, ClientIdentity, ConfigError, KubeConfig, SERVICE_ACCOUNT_DIR, Scheme, ServerUrl,
+};
+pub use exec::{ExecConfig, ExecCredential, ExecError};
 pub use reflector::{ObjectKey, Reflector, ReflectorEvent, object_key};
 pub use watch::{EventType, WatchEvent, WatchStream};
 

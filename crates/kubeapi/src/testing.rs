@@ -16,6 +16,9 @@
 //!   with [`FakeApiServer::respond_once`] and revokes access with [`FakeApiServer::forbid`].
 //! - Besides the pod-facing kinds it serves nodes and `apps/v1` DaemonSets (the agent's
 //!   shutdown check); see [`STANDARD_COLLECTIONS`].
+//! - `POST /apis/authentication.k8s.io/v1/tokenreviews` reviews tokens the test registered
+//!   with [`FakeApiServer::add_token`], as the real server does for service-account tokens
+//!   (audiences intersected, pod and node claims in `user.extra`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::convert::Infallible;
@@ -60,6 +63,53 @@ pub const STANDARD_COLLECTIONS: [(&str, &str, &str, bool); 7] = [
         true,
     ),
 ];
+
+/// Path of the TokenReview API.
+pub const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+
+/// Who a registered token belongs to ([`FakeApiServer::add_token`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TokenIdentity {
+    /// `system:serviceaccount:NS:NAME` for service-account tokens.
+    pub username: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+    /// The token's `aud` claim.
+    pub audiences: Vec<String>,
+    /// `user.extra`: the bound pod's `authentication.kubernetes.io/pod-name`, `…/pod-uid`,
+    /// `…/node-name`, `…/node-uid`.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl TokenIdentity {
+    /// A service-account token bound to a pod on a node, as the kubelet's projected tokens.
+    pub fn pod_bound(
+        namespace: &str,
+        service_account: &str,
+        pod: (&str, &str),
+        node: &str,
+        audiences: &[&str],
+    ) -> Self {
+        let mut extra = BTreeMap::new();
+        let one = |v: &str| vec![v.to_string()];
+        extra.insert("authentication.kubernetes.io/pod-name".into(), one(pod.0));
+        extra.insert("authentication.kubernetes.io/pod-uid".into(), one(pod.1));
+        if !node.is_empty() {
+            extra.insert("authentication.kubernetes.io/node-name".into(), one(node));
+        }
+        Self {
+            username: format!("system:serviceaccount:{namespace}:{service_account}"),
+            uid: format!("uid-sa-{namespace}-{service_account}"),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".into(),
+            ],
+            audiences: audiences.iter().map(|a| a.to_string()).collect(),
+            extra,
+        }
+    }
+}
 
 /// A `PATCH` the server received.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +169,12 @@ pub struct FakeState {
     overrides: VecDeque<(Route, u16, String)>,
     /// Collections every request to which gets 403 (RBAC without the rule).
     forbidden: BTreeSet<String>,
+    /// Tokens TokenReview knows.
+    tokens: BTreeMap<String, TokenIdentity>,
+    /// While set, every request gets 503 (an API server outage).
+    unavailable: bool,
+    /// TCP connections accepted.
+    connections: u64,
 }
 
 impl FakeState {
@@ -145,6 +201,9 @@ impl FakeState {
             requests: Vec::new(),
             overrides: VecDeque::new(),
             forbidden: BTreeSet::new(),
+            tokens: BTreeMap::new(),
+            unavailable: false,
+            connections: 0,
         }
     }
 
@@ -311,6 +370,7 @@ impl FakeApiServer {
                 .unwrap_or_else(|e| panic!("fake server URL: {e}")),
             ca_pem: None,
             tls_server_name: None,
+            client_identity: None,
             auth: Auth::None,
         }
     }
@@ -377,6 +437,24 @@ impl FakeApiServer {
         self.shared.lock().forbidden.insert(collection.to_string());
     }
 
+    /// Registers a token for TokenReview.
+    pub fn add_token(&self, token: &str, identity: TokenIdentity) {
+        self.shared
+            .lock()
+            .tokens
+            .insert(token.to_string(), identity);
+    }
+
+    /// Starts (`true`) or ends an outage: every request gets 503 and open watches end.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        {
+            let mut st = self.shared.lock();
+            st.unavailable = unavailable;
+            st.generation += 1;
+        }
+        self.shared.changed.notify_waiters();
+    }
+
     /// Undoes [`FakeApiServer::forbid`].
     pub fn allow(&self, collection: &str) {
         self.shared.lock().forbidden.remove(collection);
@@ -390,6 +468,11 @@ impl FakeApiServer {
     /// Every request so far.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared.lock().requests.clone()
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.shared.lock().connections
     }
 }
 
@@ -410,6 +493,7 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, shared: Arc<Shar
             },
             Some(_) = conns.join_next() => continue,
         };
+        shared.lock().connections += 1;
         let shared = shared.clone();
         let tls = tls.clone();
         conns.spawn(async move {
@@ -612,6 +696,34 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
             body,
         );
     }
+    if shared.lock().unavailable {
+        return status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "the API server is unavailable",
+        );
+    }
+    if path == TOKEN_REVIEWS {
+        if shared.lock().forbidden.contains(TOKEN_REVIEWS) {
+            return status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                "tokenreviews is forbidden",
+            );
+        }
+        if method != Method::POST {
+            return status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "tokenreviews: create only",
+            );
+        }
+        let body = match req.into_body().collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "body"),
+        };
+        return token_review(shared, &body);
+    }
     let Some(target) = parse_target(&path) else {
         return status(StatusCode::NOT_FOUND, "NotFound", "no such path");
     };
@@ -628,7 +740,13 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
             let from = query_param(&query, "resourceVersion").unwrap_or_default();
             watch_response(shared, target, selector, &from)
         }
-        Method::GET => get(shared, &target, selector.as_deref()),
+        Method::GET => {
+            let page = Page {
+                limit: query_param(&query, "limit").and_then(|l| l.parse().ok()),
+                offset: query_param(&query, "continue"),
+            };
+            get(shared, &target, selector.as_deref(), &page)
+        }
         Method::PATCH => {
             let body = match req.into_body().collect().await {
                 Ok(b) => b.to_bytes(),
@@ -644,7 +762,67 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
     }
 }
 
-fn get(shared: &Shared, target: &Target, selector: Option<&str>) -> Response<Body> {
+/// `TokenReview` create: authenticated when the token is registered and its audiences meet
+/// the requested ones (any audience of the token when none are requested).
+fn token_review(shared: &Shared, body: &[u8]) -> Response<Body> {
+    let Ok(review) = serde_json::from_slice::<Value>(body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+    };
+    let Some(token) = review["spec"]["token"].as_str() else {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "spec.token: Required",
+        );
+    };
+    let wanted: Vec<String> = review["spec"]["audiences"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let known = shared.lock().tokens.get(token).cloned();
+    let result = match known {
+        None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        Some(id) => {
+            let audiences: Vec<&String> = if wanted.is_empty() {
+                id.audiences.iter().collect()
+            } else {
+                id.audiences.iter().filter(|a| wanted.contains(a)).collect()
+            };
+            if audiences.is_empty() {
+                json!({"authenticated": false, "error": "token audiences do not match"})
+            } else {
+                json!({
+                    "authenticated": true,
+                    "audiences": audiences,
+                    "user": {
+                        "username": id.username, "uid": id.uid,
+                        "groups": id.groups, "extra": id.extra,
+                    },
+                })
+            }
+        }
+    };
+    let answer = json!({
+        "kind": "TokenReview",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"creationTimestamp": null},
+        "spec": review["spec"],
+        "status": result,
+    });
+    full(StatusCode::CREATED, answer.to_string())
+}
+
+/// `limit` / `continue` of a list; the fake's continue token is `page-OFFSET`.
+struct Page {
+    limit: Option<usize>,
+    offset: Option<String>,
+}
+
+fn get(shared: &Shared, target: &Target, selector: Option<&str>, page: &Page) -> Response<Body> {
     let st = shared.lock();
     let Some(coll) = st.collections.get(&target.collection) else {
         return status(StatusCode::NOT_FOUND, "NotFound", "unknown resource");
@@ -660,13 +838,30 @@ fn get(shared: &Shared, target: &Target, selector: Option<&str>) -> Response<Bod
             ),
         };
     }
-    let items: Vec<Value> = coll
+    let offset = match page.offset.as_deref() {
+        None | Some("") => 0,
+        Some(token) => match token.strip_prefix("page-").and_then(|n| n.parse().ok()) {
+            Some(n) => n,
+            None => return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid continue"),
+        },
+    };
+    let matching: Vec<&Value> = coll
         .objects
         .values()
         .filter(|o| in_scope(target, selector, o))
+        .collect();
+    let end = page
+        .limit
+        .filter(|l| *l > 0)
+        .map_or(matching.len(), |l| (offset + l).min(matching.len()));
+    let next = (end < matching.len()).then(|| format!("page-{end}"));
+    let items: Vec<Value> = matching
+        .get(offset.min(end)..end)
+        .unwrap_or_default()
+        .iter()
         .map(|o| {
             // Items of a typed list carry no kind/apiVersion.
-            let mut o = o.clone();
+            let mut o = (*o).clone();
             if let Value::Object(map) = &mut o {
                 map.remove("kind");
                 map.remove("apiVersion");
@@ -674,10 +869,14 @@ fn get(shared: &Shared, target: &Target, selector: Option<&str>) -> Response<Bod
             o
         })
         .collect();
+    let mut metadata = json!({"resourceVersion": st.rv.to_string()});
+    if let Some(next) = next {
+        metadata["continue"] = json!(next);
+    }
     let list = json!({
         "kind": format!("{}List", coll.kind),
         "apiVersion": coll.api_version,
-        "metadata": {"resourceVersion": st.rv.to_string()},
+        "metadata": metadata,
         "items": items,
     });
     full(StatusCode::OK, list.to_string())

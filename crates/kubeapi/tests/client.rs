@@ -85,7 +85,7 @@ async fn list_then_watch_sees_add_modify_delete() {
 
     // The selector went to the server, encoded.
     let list = &server.requests()[0];
-    assert_eq!(list.query, "fieldSelector=spec.nodeName%3Dn1");
+    assert_eq!(list.query, "fieldSelector=spec.nodeName%3Dn1&limit=500");
 }
 
 #[tokio::test]

@@ -114,28 +114,54 @@ pub fn client_config_for_root(
     root_pem: &str,
     alt_hostname: Option<&str>,
 ) -> Result<ClientConfig, ConfigError> {
+    let verifier = root_verifier(root_pem, alt_hostname)?;
+    let mut config = ClientConfig::builder_with_provider(provider::shared())
+        .with_protocol_versions(&[&TLS13])
+        .map_err(ConfigError::Tls)?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(config)
+}
+
+/// Like [`client_config_for_root`], presenting `identity` when the server asks for a client
+/// certificate (a kubeconfig's `client-certificate[-data]` and `client-key[-data]`).
+pub fn client_config_with_identity(
+    root_pem: &str,
+    alt_hostname: Option<&str>,
+    identity: &ServerCertificate,
+) -> Result<ClientConfig, ConfigError> {
+    let verifier = root_verifier(root_pem, alt_hostname)?;
+    let mut config = ClientConfig::builder_with_provider(provider::shared())
+        .with_protocol_versions(&[&TLS13])
+        .map_err(ConfigError::Tls)?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_cert_resolver(Arc::new(SingleCert(identity.certified_key())));
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(config)
+}
+
+/// WebPKI verification against the roots in `root_pem`, pinned to `alt_hostname` when given.
+fn root_verifier(
+    root_pem: &str,
+    alt_hostname: Option<&str>,
+) -> Result<Arc<dyn rustls::client::danger::ServerCertVerifier>, ConfigError> {
     let provider = provider::shared();
     let roots = cert::parse_certs_pem(root_pem).map_err(ConfigError::Roots)?;
     let store = cert::root_store(&roots).map_err(ConfigError::Roots)?;
-    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider.clone())
+    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
         .build()
         .map_err(ConfigError::Verifier)?;
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&TLS13])
-        .map_err(ConfigError::Tls)?;
-    let builder = match alt_hostname {
+    Ok(match alt_hostname {
         Some(name) => {
             let pinned = ServerName::try_from(name.to_string())
                 .map_err(|_| ConfigError::InvalidHostname(name.to_string()))?;
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(PinnedNameVerifier::new(webpki, pinned)))
+            Arc::new(PinnedNameVerifier::new(webpki, pinned))
         }
-        None => builder.with_webpki_verifier(webpki),
-    };
-    let mut config = builder.with_no_client_auth();
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Ok(config)
+        None => webpki,
+    })
 }
 
 /// Always presents the same certificate; rotation builds a new config instead.

@@ -31,8 +31,8 @@ pub mod verify;
 pub use ca::{CaError, LocalCa};
 pub use cert::{CertError, CertSummary, PrivateKey, ServerCertificate, WorkloadCertificate};
 pub use config::{
-    ALPN_H2, ConfigError, client_config, client_config_for_root, hbone_server_name, server_config,
-    server_config_plain,
+    ALPN_H2, ConfigError, client_config, client_config_for_root, client_config_with_identity,
+    hbone_server_name, server_config, server_config_plain,
 };
 pub use csr::{CsrError, generate_csr};
 pub use provider::provider;

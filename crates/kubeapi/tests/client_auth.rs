@@ -1,0 +1,218 @@
+//! The client's cluster-facing features against the fake API server: paged lists, connection
+//! reuse, `exec` credential plugins (run once, again after a 401 or expiry), creates
+//! (TokenReview) and an outage answered with 503.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use ambit_kubeapi::testing::{FakeApiServer, TOKEN_REVIEWS, TokenIdentity};
+use ambit_kubeapi::{Auth, Client, Error, ExecConfig, Limits};
+use serde_json::{Value, json};
+
+const PODS: &str = "/api/v1/pods";
+
+fn pod(name: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "a"}, "spec": {"nodeName": "n1"}})
+}
+
+#[tokio::test]
+async fn lists_are_paged_and_connections_reused() {
+    let server = FakeApiServer::start().await.expect("fake server");
+    for i in 0..7 {
+        server.apply(PODS, pod(&format!("p{i}")));
+    }
+    let limits = Limits {
+        page_size: 3,
+        ..Limits::default()
+    };
+    let client = Client::new(server.config())
+        .expect("client")
+        .with_limits(limits);
+    let list = client.list(PODS, None).await.expect("list");
+    let names: Vec<&str> = list
+        .items
+        .iter()
+        .filter_map(|i| i["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["p0", "p1", "p2", "p3", "p4", "p5", "p6"]);
+    let pages: Vec<String> = server.requests().iter().map(|r| r.query.clone()).collect();
+    assert_eq!(
+        pages,
+        [
+            "limit=3",
+            "limit=3&continue=page-3",
+            "limit=3&continue=page-6"
+        ],
+        "three pages, each continuing the last"
+    );
+    for _ in 0..5 {
+        client
+            .get("/api/v1/namespaces/a/pods/p1")
+            .await
+            .expect("get");
+    }
+    assert_eq!(
+        (client.connections_opened(), server.connections()),
+        (1, 1),
+        "eight requests over one connection"
+    );
+}
+
+/// A credential plugin that counts its runs in `dir/runs` and prints `token-N`, expiring
+/// as given.
+fn plugin(dir: &std::path::Path, expires: &str) -> ExecConfig {
+    let script = dir.join("plugin.sh");
+    let body = format!(
+        "#!/bin/sh\n\
+         case \"$KUBERNETES_EXEC_INFO\" in *'\"interactive\":false'*) ;; *) exit 3 ;; esac\n\
+         n=$(( $(cat \"$RUNS\" 2>/dev/null || echo 0) + 1 )); echo $n > \"$RUNS\"\n\
+         printf '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\
+         \"status\":{{\"token\":\"token-%s\"{expires}}}}}' $n\n"
+    );
+    std::fs::write(&script, body).expect("write plugin");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    ExecConfig {
+        command: script,
+        args: vec![],
+        env: vec![("RUNS".into(), dir.join("runs").display().to_string())],
+        api_version: "client.authentication.k8s.io/v1".into(),
+    }
+}
+
+fn runs(dir: &std::path::Path) -> u32 {
+    std::fs::read_to_string(dir.join("runs"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn bearer_tokens(server: &FakeApiServer) -> Vec<String> {
+    server
+        .requests()
+        .iter()
+        .filter_map(|r| r.authorization.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn exec_plugin_tokens_are_cached_and_refreshed_after_401() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = FakeApiServer::start().await.expect("fake server");
+    let mut config = server.config();
+    config.auth = Auth::Exec(plugin(dir.path(), ""));
+    let client = Client::new(config).expect("client");
+    client.list(PODS, None).await.expect("list");
+    client.list(PODS, None).await.expect("list");
+    assert_eq!(runs(dir.path()), 1, "the token is reused");
+
+    // The server stops accepting it: the plugin runs again and the request is retried.
+    server.respond_once(
+        ambit_kubeapi::testing::Route::List(PODS.into()),
+        401,
+        r#"{"kind":"Status","code":401,"reason":"Unauthorized","message":"expired"}"#,
+    );
+    client
+        .list(PODS, None)
+        .await
+        .expect("retried with a new token");
+    assert_eq!(runs(dir.path()), 2);
+    assert_eq!(
+        bearer_tokens(&server),
+        [
+            "Bearer token-1",
+            "Bearer token-1",
+            "Bearer token-1",
+            "Bearer token-2"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn expired_exec_tokens_are_fetched_again_and_plugin_failures_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = FakeApiServer::start().await.expect("fake server");
+    let mut config = server.config();
+    // Already expired: every request needs a new run.
+    config.auth = Auth::Exec(plugin(
+        dir.path(),
+        r#","expirationTimestamp":"2001-01-01T00:00:00Z""#,
+    ));
+    let client = Client::new(config.clone()).expect("client");
+    client.list(PODS, None).await.expect("list");
+    client.list(PODS, None).await.expect("list");
+    assert_eq!(runs(dir.path()), 2);
+
+    let mut broken = config;
+    broken.auth = Auth::Exec(ExecConfig {
+        command: "/nonexistent/plugin".into(),
+        args: vec![],
+        env: vec![],
+        api_version: "client.authentication.k8s.io/v1".into(),
+    });
+    let err = Client::new(broken)
+        .expect("client")
+        .list(PODS, None)
+        .await
+        .expect_err("no plugin");
+    assert!(matches!(err, Error::Exec(_)), "{err:?}");
+    assert!(
+        format!("{:#}", anyhow_like(&err)).contains("/nonexistent/plugin"),
+        "{err:?}"
+    );
+}
+
+/// The error with its sources, as a log line shows it.
+fn anyhow_like(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[tokio::test]
+async fn token_reviews_and_outages() {
+    let server = FakeApiServer::start().await.expect("fake server");
+    server.add_token(
+        "sa-token",
+        TokenIdentity::pod_bound(
+            "istio-system",
+            "ztunnel",
+            ("zt-1", "u1"),
+            "n1",
+            &["istio-ca"],
+        ),
+    );
+    let client = Client::new(server.config()).expect("client");
+    let review = |token: &str, audience: &str| {
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+               "spec": {"token": token, "audiences": [audience]}})
+    };
+    let ok = client
+        .create(TOKEN_REVIEWS, &review("sa-token", "istio-ca"))
+        .await
+        .expect("review");
+    assert_eq!(ok["status"]["authenticated"], true);
+    assert_eq!(
+        ok["status"]["user"]["username"],
+        "system:serviceaccount:istio-system:ztunnel"
+    );
+    for (token, audience) in [("sa-token", "other"), ("forged", "istio-ca")] {
+        let no = client
+            .create(TOKEN_REVIEWS, &review(token, audience))
+            .await
+            .expect("review");
+        assert_eq!(no["status"]["authenticated"], false, "{token} {audience}");
+    }
+    server.set_unavailable(true);
+    let err = client.list(PODS, None).await.expect_err("outage");
+    assert_eq!(err.status(), Some(503), "{err:?}");
+    server.set_unavailable(false);
+    tokio::time::timeout(Duration::from_secs(5), client.list(PODS, None))
+        .await
+        .expect("in time")
+        .expect("served again");
+}
