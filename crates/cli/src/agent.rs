@@ -20,6 +20,16 @@ pub struct Args {
 pub fn main(args: Args) -> ExitCode {
     crate::init_logging();
     let env: Vec<(String, String)> = std::env::vars().collect();
+    run(args.pods, args.pod_status, env)
+}
+
+/// Runs the agent with `env` (the process environment, or `install-cni`'s defaults, environment
+/// and flags); pods from the directory `pods` when given, else from the Kubernetes API.
+pub fn run(
+    pods: Option<PathBuf>,
+    pod_status: Option<PathBuf>,
+    env: Vec<(String, String)>,
+) -> ExitCode {
     let cfg = match ambit_agent::AgentConfig::from_vars(&env) {
         Ok(c) => c,
         Err(errors) => {
@@ -31,10 +41,10 @@ pub fn main(args: Args) -> ExitCode {
         }
     };
     tracing::info!(config = ?cfg, "running CNI agent");
-    let Some(dir) = &args.pods else {
+    let Some(dir) = &pods else {
         return run_kubernetes(cfg, &env);
     };
-    let source = match ambit_mesh::pod_source::start(dir, &cfg.node_name, args.pod_status.clone()) {
+    let source = match ambit_mesh::pod_source::start(dir, &cfg.node_name, pod_status) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("pods: {e}");

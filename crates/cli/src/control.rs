@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ambit_control::server::{ControlConfig, ObjectSource};
+use ambit_control::server::{CallerAuth, ControlConfig, DEFAULT_NODE_ACCOUNTS, ObjectSource};
 use ambit_control::translate::ClusterConfig;
 
 #[derive(Debug, clap::Args)]
@@ -18,8 +18,9 @@ pub struct Args {
         required_unless_present = "kubernetes"
     )]
     manifests: Option<PathBuf>,
-    /// Watch the Kubernetes API instead (in-cluster service account, or the file named by
-    /// KUBECONFIG).
+    /// Watch the Kubernetes API instead (KUBECONFIG, else the in-cluster service account,
+    /// else ~/.kube/config). Without --tokens, callers then authenticate with Kubernetes
+    /// service-account tokens (TokenReview, audience istio-ca).
     #[arg(long)]
     kubernetes: bool,
     /// Address of the TLS gRPC port serving the CA and xDS.
@@ -33,8 +34,21 @@ pub struct Args {
     )]
     state_dir: PathBuf,
     /// Token file: `tokens: [{token: ..., node: node1}, {token: ..., identity: spiffe://...}]`.
-    #[arg(long, env = "AMBIT_TOKENS")]
-    tokens: PathBuf,
+    /// Required with --manifests.
+    #[arg(long, env = "AMBIT_TOKENS", required_unless_present = "kubernetes")]
+    tokens: Option<PathBuf>,
+    /// With TokenReview: service accounts (NAMESPACE/NAME, comma-separated) whose pods are
+    /// node proxies, as istiod's CA_TRUSTED_NODE_ACCOUNTS.
+    #[arg(
+        long,
+        env = "CA_TRUSTED_NODE_ACCOUNTS",
+        value_delimiter = ',',
+        default_value = "istio-system/ztunnel"
+    )]
+    node_accounts: Vec<String>,
+    /// Address of the HTTP monitoring port (`/ready`, `/metrics`); none when not given.
+    #[arg(long, env = "AMBIT_MONITORING")]
+    monitoring: Option<SocketAddr>,
     /// DNS names for the server certificate (repeatable).
     #[arg(long = "hostname", default_values_t = ["istiod.istio-system.svc".to_string(), "localhost".to_string()])]
     hostnames: Vec<String>,
@@ -53,18 +67,43 @@ pub fn main(args: Args) -> ExitCode {
     let source = match (args.manifests, args.kubernetes) {
         (Some(dir), _) => ObjectSource::Directory(dir),
         (None, _) => match crate::kube_config() {
-            Ok(k) => ObjectSource::Kubernetes(k),
+            Ok(k) => ObjectSource::Kubernetes(Box::new(k)),
             Err(e) => {
                 eprintln!("Kubernetes API configuration: {e}");
                 return ExitCode::from(2);
             }
         },
     };
+    let auth = match args.tokens {
+        Some(path) => CallerAuth::Tokens(path),
+        None => {
+            let mut node_accounts = Vec::new();
+            for a in &args.node_accounts {
+                match a.split_once('/') {
+                    Some((ns, sa)) if !ns.is_empty() && !sa.is_empty() && !sa.contains('/') => {
+                        node_accounts.push((ns.to_string(), sa.to_string()));
+                    }
+                    _ => {
+                        eprintln!("--node-accounts {a:?}: expected NAMESPACE/NAME");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            if node_accounts.is_empty() {
+                node_accounts = DEFAULT_NODE_ACCOUNTS
+                    .iter()
+                    .map(|(ns, sa)| (ns.to_string(), sa.to_string()))
+                    .collect();
+            }
+            CallerAuth::TokenReview { node_accounts }
+        }
+    };
     let cfg = ControlConfig {
         source,
         listen: args.listen,
         state_dir: args.state_dir,
-        tokens: args.tokens,
+        auth,
+        monitoring: args.monitoring,
         hostnames: args.hostnames,
         cluster: ClusterConfig {
             cluster_domain: args.cluster_domain,
@@ -101,6 +140,41 @@ pub fn main(args: Args) -> ExitCode {
         Err(e) => {
             eprintln!("control plane failed: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CaArgs {
+    #[command(subcommand)]
+    command: CaCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum CaCommand {
+    /// Write a new CA (ca-cert.pem, ca-key.pem, root-cert.pem) into DIR, for `ambit control
+    /// --state-dir` (on a cluster: the ambit-ca Secret, see docs/kubernetes.md). An existing
+    /// CA in DIR is kept.
+    Init {
+        dir: PathBuf,
+        #[arg(long, default_value = "cluster.local")]
+        trust_domain: String,
+    },
+}
+
+pub fn ca(args: CaArgs) -> ExitCode {
+    match args.command {
+        CaCommand::Init { dir, trust_domain } => {
+            match ambit_tls::LocalCa::load_or_generate(&dir, &trust_domain) {
+                Ok(_) => {
+                    eprintln!("CA in {}", dir.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("ambit ca init: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
 }

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod control;
+mod install_cni;
 mod ops;
 mod out;
 mod plugin;
@@ -30,12 +31,24 @@ enum Command {
     #[command(
         after_help = "Example (dedicated mode on a VM):\n  PROXY_MODE=dedicated PROXY_WORKLOAD_INFO=default/web/web \\\n    CA_ADDRESS=https://10.0.0.1:15012 LOCAL_XDS_PATH=./local.yaml ambit ztunnel"
     )]
-    Ztunnel,
+    Ztunnel(ztunnel::Args),
+    /// `ambit proxy ztunnel`: the ztunnel chart's args with the image's `ambit` entry point.
+    #[command(hide = true)]
+    Proxy(ztunnel::ProxyArgs),
     /// Run the control plane: CA and workload xDS from a directory of Kubernetes manifests.
     Control(control::Args),
+    /// Certificate authority files for `ambit control`.
+    #[command(after_help = "Example:\n  ambit ca init ./ca")]
+    Ca(control::CaArgs),
     /// Run the CNI node agent (drop-in for the istio-cni ambient agent; same environment
     /// variables).
     CniAgent(agent::Args),
+    /// Run the CNI node agent as upstream's istio-cni chart does (its `install-cni` command):
+    /// upstream's container layout under /host and upstream's flags.
+    #[command(
+        after_help = "Example (what the istio-cni chart runs):\n  install-cni --log_output_level=info"
+    )]
+    InstallCni(install_cni::Args),
     /// The CNI plugin (reads CNI_* variables and the network config on stdin).
     CniPlugin,
     /// Bring up an embedded mesh from a directory of manifests (stays in the foreground;
@@ -98,13 +111,26 @@ fn main() -> ExitCode {
         .and_then(|n| n.to_str())
         .unwrap_or_default()
         .to_string();
-    if invoked_as == "istio-cni" {
-        return plugin::main();
-    }
-    let cli = Cli::parse();
+    let rest = std::env::args_os().skip(1);
+    let cli = match invoked_as.as_str() {
+        "istio-cni" => return plugin::main(),
+        // Upstream's image entry points, all links to this binary.
+        "ztunnel" => Cli::parse_from(ztunnel::upstream_argv(rest)),
+        "install-cni" => Cli::parse_from(install_cni_argv(rest)),
+        _ => Cli::parse(),
+    };
     match cli.command {
-        Command::Ztunnel => ztunnel::main(),
+        Command::Ztunnel(args) => match ztunnel::check_words(&args.words) {
+            Ok(()) => ztunnel::main(),
+            Err(e) => usage_error(&e),
+        },
+        Command::Proxy(args) => match ztunnel::check_proxy(&args) {
+            Ok(()) => ztunnel::main(),
+            Err(e) => usage_error(&e),
+        },
+        Command::InstallCni(args) => install_cni::main(args),
         Command::Control(args) => control::main(args),
+        Command::Ca(args) => control::ca(args),
         Command::CniAgent(args) => agent::main(args),
         Command::CniPlugin => plugin::main(),
         Command::Up(args) => up::up(args),
@@ -126,26 +152,58 @@ fn main() -> ExitCode {
     }
 }
 
-/// The Kubernetes API configuration: `KUBECONFIG` when set, else the in-cluster service
-/// account.
-fn kube_config() -> Result<ambit_kubeapi::KubeConfig, ambit_kubeapi::ConfigError> {
-    match std::env::var_os("KUBECONFIG") {
-        Some(path) if !path.is_empty() => {
-            ambit_kubeapi::KubeConfig::from_kubeconfig_file(std::path::Path::new(&path))
-        }
-        _ => ambit_kubeapi::KubeConfig::in_cluster(
-            |k| std::env::var(k).ok(),
-            std::path::Path::new(ambit_kubeapi::SERVICE_ACCOUNT_DIR),
-        ),
+/// `install-cni ARGS` → `ambit install-cni ARGS` (`install-cni version` → `ambit version`).
+fn install_cni_argv(rest: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let rest: Vec<std::ffi::OsString> = rest.collect();
+    if rest.len() == 1 && rest[0] == "version" {
+        return vec!["ambit".into(), "version".into()];
     }
+    let mut argv = vec!["ambit".into(), "install-cni".into()];
+    argv.extend(rest);
+    argv
 }
 
-/// Logging for the roles that have no configurable format of their own.
+fn usage_error(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::from(2)
+}
+
+/// The Kubernetes API configuration, by the one rule every role uses
+/// ([`ambit_kubeapi::KubeConfig::from_environment`]): `KUBECONFIG`, else in-cluster, else
+/// `~/.kube/config`.
+fn kube_config() -> Result<ambit_kubeapi::KubeConfig, ambit_kubeapi::ConfigError> {
+    ambit_kubeapi::KubeConfig::from_environment(
+        |k| std::env::var(k).ok(),
+        std::path::Path::new(ambit_kubeapi::SERVICE_ACCOUNT_DIR),
+    )
+}
+
+/// Logging for the roles that have no format flag of their own: `RUST_LOG` filter,
+/// `LOG_FORMAT=json` for JSON lines (as ztunnel).
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let filter = std::env::var("RUST_LOG").unwrap_or_default();
+    let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f == "json");
+    init_logging_with(if filter.is_empty() { "info" } else { &filter }, json);
+}
+
+/// Logging to stderr with a tracing filter, in upstream's plain (level coloured only on a
+/// terminal) or JSON line format.
+fn init_logging_with(filter: &str, json: bool) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(false)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder
+            .event_format(ambit_ztunnel::telemetry::logging::JsonFormat)
+            .try_init()
+    } else {
+        let ansi = std::io::stderr().is_terminal();
+        builder
+            .event_format(ambit_ztunnel::telemetry::logging::PlainFormat { ansi })
+            .try_init()
+    };
 }

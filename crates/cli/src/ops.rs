@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use ambit_mesh::RunDir;
 use ambit_mesh::ztunnel_config::Section;
 
-use crate::up::{Output, RunDirArgs};
+use crate::up::RunDirArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct LogsArgs {
@@ -23,18 +23,36 @@ pub enum ConfigSection {
     Policies,
     Certificates,
     Connections,
+    /// Every section (`-o json|yaml`: the whole `/config_dump`).
+    All,
 }
 
-impl From<ConfigSection> for Section {
-    fn from(s: ConfigSection) -> Self {
-        match s {
-            ConfigSection::Workloads => Section::Workloads,
-            ConfigSection::Services => Section::Services,
-            ConfigSection::Policies => Section::Policies,
-            ConfigSection::Certificates => Section::Certificates,
-            ConfigSection::Connections => Section::Connections,
+impl ConfigSection {
+    /// The sections shown, in order.
+    fn sections(self) -> Vec<Section> {
+        match self {
+            ConfigSection::Workloads => vec![Section::Workloads],
+            ConfigSection::Services => vec![Section::Services],
+            ConfigSection::Policies => vec![Section::Policies],
+            ConfigSection::Certificates => vec![Section::Certificates],
+            ConfigSection::Connections => vec![Section::Connections],
+            ConfigSection::All => vec![
+                Section::Workloads,
+                Section::Services,
+                Section::Policies,
+                Section::Certificates,
+                Section::Connections,
+            ],
         }
     }
+}
+
+/// `ambit ztunnel-config -o`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ConfigOutput {
+    Table,
+    Json,
+    Yaml,
 }
 
 #[derive(Debug, clap::Args)]
@@ -47,9 +65,11 @@ pub struct ZtunnelConfigArgs {
     /// Only this node's ztunnel (default: every node's).
     #[arg(long)]
     node: Option<String>,
-    /// Output format (`json`: the raw section of `/config_dump`, keyed by node).
+    /// Output format. `json`/`yaml`: the section of `/config_dump` as the ztunnel serves it
+    /// (the shape `istioctl ztunnel-config` reads); with `--node` that ztunnel's alone, else
+    /// keyed by node.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
-    output: Output,
+    output: ConfigOutput,
 }
 
 #[derive(Debug, clap::Args)]
@@ -168,7 +188,6 @@ pub fn logs(args: LogsArgs) -> ExitCode {
 
 pub fn ztunnel_config(args: ZtunnelConfigArgs) -> ExitCode {
     let run = RunDir::new(&args.run.run_dir);
-    let section = Section::from(args.section);
     let dumps = match ambit_mesh::ztunnel_config::dumps(&run, args.node.as_deref()) {
         Ok(d) => d,
         Err(e) => {
@@ -176,48 +195,75 @@ pub fn ztunnel_config(args: ZtunnelConfigArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match args.output {
-        Output::Json => {
-            let mut out = serde_json::Map::new();
-            for (node, dump) in &dumps {
-                out.insert(
-                    node.clone(),
-                    dump.get(section.key())
-                        .cloned()
-                        .unwrap_or(serde_json::Value::Null),
-                );
-            }
-            match serde_json::to_string_pretty(&out) {
-                Ok(s) => say(&s),
-                Err(e) => {
-                    eprintln!("ambit ztunnel-config: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
+    let sections = args.section.sections();
+    // The part of one dump that is shown: one section's value, or the whole dump.
+    let view = |dump: &serde_json::Value| match args.section {
+        ConfigSection::All => dump.clone(),
+        _ => dump
+            .get(sections[0].key())
+            .cloned()
+            .unwrap_or(serde_json::Value::Null),
+    };
+    let structured = || {
+        if args.node.is_some()
+            && let [(_, dump)] = dumps.as_slice()
+        {
+            return view(dump);
         }
-        Output::Table => {
-            let mut rows: Vec<Vec<String>> = Vec::new();
-            for (node, dump) in &dumps {
-                let mut t = ambit_mesh::ztunnel_config::table(section, dump);
-                if rows.is_empty() {
-                    if let Some(h) = t.first_mut() {
-                        h.insert(0, "ZTUNNEL".into());
-                    }
-                } else if !t.is_empty() {
-                    t.remove(0);
+        let mut out = serde_json::Map::new();
+        for (node, dump) in &dumps {
+            out.insert(node.clone(), view(dump));
+        }
+        serde_json::Value::Object(out)
+    };
+    let printed = match args.output {
+        ConfigOutput::Json => {
+            serde_json::to_string_pretty(&structured()).map_err(|e| e.to_string())
+        }
+        ConfigOutput::Yaml => serde_norway::to_string(&structured()).map_err(|e| e.to_string()),
+        ConfigOutput::Table => {
+            for (i, section) in sections.iter().enumerate() {
+                if i > 0 {
+                    say("");
                 }
-                let first = rows.is_empty();
-                for (i, mut r) in t.into_iter().enumerate() {
-                    if !(first && i == 0) {
-                        r.insert(0, node.clone());
-                    }
-                    rows.push(r);
-                }
+                print_table(*section, &dumps);
             }
-            table(&rows);
+            return ExitCode::SUCCESS;
+        }
+    };
+    match printed {
+        Ok(text) => {
+            say(text.trim_end());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ambit ztunnel-config: {e}");
+            ExitCode::FAILURE
         }
     }
-    ExitCode::SUCCESS
+}
+
+/// One section of every dump as one table with a ZTUNNEL column.
+fn print_table(section: Section, dumps: &[(String, serde_json::Value)]) {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for (node, dump) in dumps {
+        let mut t = ambit_mesh::ztunnel_config::table(section, dump);
+        if rows.is_empty() {
+            if let Some(h) = t.first_mut() {
+                h.insert(0, "ZTUNNEL".into());
+            }
+        } else if !t.is_empty() {
+            t.remove(0);
+        }
+        let first = rows.is_empty();
+        for (i, mut r) in t.into_iter().enumerate() {
+            if !(first && i == 0) {
+                r.insert(0, node.clone());
+            }
+            rows.push(r);
+        }
+    }
+    table(&rows);
 }
 
 pub fn completions(args: CompletionsArgs, mut cmd: clap::Command) -> ExitCode {

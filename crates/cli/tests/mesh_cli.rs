@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 #[path = "support/embedded.rs"]
 mod embedded;
 use embedded::*;
+#[path = "support/istioctl_types.rs"]
+mod istioctl_types;
 
 /// The harness waits for `ready`, so traffic is expected to work.
 fn eventually_ok(run: &std::path::Path, pod: &str, url: &str) {
@@ -116,6 +118,43 @@ fn logs_ztunnel_config_restart() {
         !ambit(&run, &["ztunnel-config", "workloads", "--node", "node9"])
             .status
             .success()
+    );
+    // `-o yaml` of the whole dump is what istioctl's types accept; times are RFC 3339.
+    let out = ambit(
+        &run,
+        &["ztunnel-config", "all", "--node", "node1", "-o", "yaml"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let dump = istioctl_types::parse_dump_yaml(&stdout(&out)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        dump.workloads
+            .iter()
+            .flatten()
+            .any(|w| w.name == "client" && w.namespace == "demo"),
+        "{dump:?}"
+    );
+    assert!(
+        !dump.services.is_empty() && !dump.policies.is_empty(),
+        "{dump:?}"
+    );
+    let cert = dump
+        .certificates
+        .iter()
+        .flatten()
+        .flat_map(|c| c.cert_chain.iter().flatten())
+        .next()
+        .expect("a certificate");
+    for t in [&cert.valid_from, &cert.expiration_time] {
+        let b = t.as_bytes();
+        assert!(
+            b.len() == 20 && b[4] == b'-' && b[10] == b'T' && b[19] == b'Z',
+            "not RFC 3339: {t}"
+        );
+    }
+    let table = stdout(&ambit(&run, &["ztunnel-config", "all", "--node", "node1"]));
+    assert!(
+        table.contains("POD-NAME") && table.contains("spiffe://"),
+        "{table}"
     );
 
     // restart ztunnel on the server's node with an overlap, while the client opens

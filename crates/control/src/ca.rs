@@ -13,6 +13,7 @@ use ambit_model::SpiffeId;
 use ambit_proto::ca::istio_certificate_service_server::IstioCertificateService;
 use ambit_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use ambit_tls::LocalCa;
+use futures_util::future::BoxFuture;
 use tonic::{Request, Response, Status};
 
 /// Metadata key a node proxy uses to ask for another identity's certificate.
@@ -34,7 +35,9 @@ pub enum Caller {
 /// Decides which identities a caller may obtain.
 pub trait CaAuthorizer: Send + Sync + 'static {
     /// Maps the request's credentials (bearer token) to a caller; `None` = unauthenticated.
-    fn authenticate(&self, bearer_token: Option<&str>) -> Option<Caller>;
+    /// Asynchronous: a Kubernetes authorizer asks the API server
+    /// ([`crate::kube_auth::TokenReviewAuthorizer`]).
+    fn authenticate<'a>(&'a self, bearer_token: Option<&'a str>) -> BoxFuture<'a, Option<Caller>>;
     /// Whether `identity` belongs to a pod scheduled on `node`.
     fn identity_on_node(&self, node: &str, identity: &SpiffeId) -> bool;
 }
@@ -69,9 +72,16 @@ impl StaticAuthorizer {
     }
 }
 
-impl CaAuthorizer for StaticAuthorizer {
-    fn authenticate(&self, bearer_token: Option<&str>) -> Option<Caller> {
+impl StaticAuthorizer {
+    /// The caller a token stands for.
+    pub fn caller(&self, bearer_token: Option<&str>) -> Option<Caller> {
         bearer_token.and_then(|t| self.tokens.get(t).cloned())
+    }
+}
+
+impl CaAuthorizer for StaticAuthorizer {
+    fn authenticate<'a>(&'a self, bearer_token: Option<&'a str>) -> BoxFuture<'a, Option<Caller>> {
+        Box::pin(std::future::ready(self.caller(bearer_token)))
     }
 
     fn identity_on_node(&self, node: &str, identity: &SpiffeId) -> bool {
@@ -108,7 +118,7 @@ impl CaService {
     }
 
     /// The whole decision and signing, separated from tonic for testing.
-    pub fn create(
+    pub async fn create(
         &self,
         bearer_token: Option<&str>,
         req: &IstioCertificateRequest,
@@ -116,6 +126,7 @@ impl CaService {
         let caller = self
             .authorizer
             .authenticate(bearer_token)
+            .await
             .ok_or_else(|| Status::unauthenticated("missing or unknown bearer token"))?;
         let impersonated = impersonated_identity(req)?;
         let ttl = match u64::try_from(req.validity_duration) {
@@ -187,7 +198,7 @@ impl IstioCertificateService for CaService {
         request: Request<IstioCertificateRequest>,
     ) -> Result<Response<IstioCertificateResponse>, Status> {
         let token = bearer(request.metadata()).map(str::to_string);
-        let chain = self.create(token.as_deref(), request.get_ref())?;
+        let chain = self.create(token.as_deref(), request.get_ref()).await?;
         Ok(Response::new(IstioCertificateResponse {
             cert_chain: chain,
         }))

@@ -3,7 +3,9 @@
 
 pub mod ca;
 pub mod grpc;
+pub mod kube_auth;
 pub mod kube_source;
+pub mod monitoring;
 pub mod objects;
 pub mod server;
 pub mod source;

@@ -1,9 +1,13 @@
 //! `ambit control`: the CA and the xDS server on one TLS port, fed by a watched directory of
-//! Kubernetes manifests.
+//! Kubernetes manifests or by the API server.
 //!
-//! Callers authenticate with bearer tokens from a token file (`tokens.yaml`): a node proxy's
-//! token lets it ask for the certificates of pods on its node (`ImpersonatedIdentity`); a
-//! workload's token only for its own identity. Both may read xDS.
+//! Callers authenticate with bearer tokens ([`CallerAuth`]): from a token file (`tokens.yaml`),
+//! or, on a cluster, Kubernetes service-account tokens checked by TokenReview
+//! ([`crate::kube_auth`]). A node proxy may ask for the certificates of pods on its node
+//! (`ImpersonatedIdentity`); a workload only for its own identity. Both may read xDS.
+//!
+//! With [`ControlConfig::monitoring`] an HTTP listener serves `/ready` (200 once the first
+//! snapshot is published and the gRPC port is bound, 503 before) and `/metrics`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,6 +21,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 
 use crate::ca::{CaService, Caller, StaticAuthorizer};
+use crate::kube_auth::{PodIndex, PodPlacement, TokenReviewAuthorizer};
 use crate::source::DirectorySource;
 use crate::translate::{ClusterConfig, Translation};
 use crate::xds::{Snapshot, XdsServer};
@@ -29,8 +34,10 @@ pub struct ControlConfig {
     pub listen: SocketAddr,
     /// Holds the CA root (`ca-cert.pem`, `ca-key.pem`, `root-cert.pem`), created on first start.
     pub state_dir: PathBuf,
-    /// Token file; see [`TokenFile`].
-    pub tokens: PathBuf,
+    /// How callers authenticate.
+    pub auth: CallerAuth,
+    /// `/ready` and `/metrics` (none: not served).
+    pub monitoring: Option<SocketAddr>,
     /// Names in the server certificate (the listen IP is always added).
     pub hostnames: Vec<String>,
     pub cluster: ClusterConfig,
@@ -42,8 +49,23 @@ pub enum ObjectSource {
     /// A directory of manifests, watched.
     Directory(PathBuf),
     /// The Kubernetes API server (list + watch of the five kinds).
-    Kubernetes(ambit_kubeapi::KubeConfig),
+    Kubernetes(Box<ambit_kubeapi::KubeConfig>),
 }
+
+/// How callers of the CA and xDS authenticate.
+#[derive(Debug, Clone)]
+pub enum CallerAuth {
+    /// A token file; see [`TokenFile`].
+    Tokens(PathBuf),
+    /// Kubernetes service-account tokens, by TokenReview (needs [`ObjectSource::Kubernetes`]);
+    /// the (namespace, service account) pairs that are node proxies.
+    TokenReview {
+        node_accounts: Vec<(String, String)>,
+    },
+}
+
+/// istiod's default `CA_TRUSTED_NODE_ACCOUNTS`.
+pub const DEFAULT_NODE_ACCOUNTS: [(&str, &str); 1] = [("istio-system", "ztunnel")];
 
 /// `tokens.yaml`: `{tokens: [{token: "...", node: "node1"} | {token: "...", identity: "spiffe://..."}]}`.
 #[derive(Debug, Deserialize)]
@@ -75,6 +97,8 @@ pub enum ControlError {
     Source(#[from] crate::source::SourceError),
     #[error("Kubernetes API: {0}")]
     Kube(String),
+    #[error("TokenReview authentication needs the Kubernetes object source")]
+    TokenReviewWithoutKubernetes,
     #[error("listening on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -134,6 +158,33 @@ impl Placement {
     }
 }
 
+/// Every pod by (namespace, name): uid, node and service account (for TokenReview'd node
+/// proxies, whose tokens name their pod).
+fn pod_index(cluster: &crate::translate::Cluster) -> PodIndex {
+    cluster
+        .objects
+        .pods
+        .iter()
+        .map(|p| {
+            let key = (p.metadata.namespace.clone(), p.metadata.name.clone());
+            let placement = PodPlacement {
+                uid: p.metadata.uid.clone(),
+                node: p.spec.node_name.clone(),
+                service_account: if p.spec.service_account_name.is_empty() {
+                    "default".to_string()
+                } else {
+                    p.spec.service_account_name.clone()
+                },
+            };
+            (key, placement)
+        })
+        .collect()
+}
+
+/// The CA's and xDS server's view of callers.
+trait Authorizer: crate::ca::CaAuthorizer + crate::xds::XdsAuthorizer {}
+impl<T: crate::ca::CaAuthorizer + crate::xds::XdsAuthorizer> Authorizer for T {}
+
 /// Runs until `shutdown` completes. Returns the bound address through `bound` (tests bind
 /// port 0).
 pub async fn run(
@@ -151,19 +202,43 @@ pub async fn run(
     let server_cert = ca.server_cert_for_hostnames(&name_refs)?;
     let tls = Arc::new(ambit_tls::server_config_plain(&server_cert)?);
 
-    let tokens = load_tokens(&cfg.tokens)?;
     let placement = Arc::new(RwLock::new(Placement::default()));
+    let pods = Arc::new(RwLock::new(PodIndex::new()));
     let lookup = placement.clone();
-    let authorizer = Arc::new(StaticAuthorizer::new(tokens, move |node, id| {
+    let on_node = move |node: &str, id: &SpiffeId| {
         lookup
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .by_node
             .get(node)
             .is_some_and(|ids| ids.contains(id))
-    }));
+    };
+    let authorizer: Arc<dyn Authorizer> = match (&cfg.auth, &cfg.source) {
+        (CallerAuth::Tokens(path), _) => {
+            Arc::new(StaticAuthorizer::new(load_tokens(path)?, on_node))
+        }
+        (CallerAuth::TokenReview { node_accounts }, ObjectSource::Kubernetes(kube)) => {
+            let client = ambit_kubeapi::Client::new((**kube).clone())
+                .map_err(|e| ControlError::Kube(e.to_string()))?;
+            Arc::new(TokenReviewAuthorizer::new(
+                client,
+                cfg.cluster.trust_domain.clone(),
+                node_accounts.clone(),
+                pods.clone(),
+                on_node,
+            ))
+        }
+        (CallerAuth::TokenReview { .. }, ObjectSource::Directory(_)) => {
+            return Err(ControlError::TokenReviewWithoutKubernetes);
+        }
+    };
 
-    let xds = Arc::new(XdsServer::new(authorizer.clone()));
+    let xds = Arc::new(XdsServer::new(as_xds(authorizer.clone())));
+    let metrics = Arc::new(crate::monitoring::Metrics::default());
+    let _monitoring = match cfg.monitoring {
+        Some(addr) => Some(crate::monitoring::serve(addr, metrics.clone()).await?),
+        None => None,
+    };
     // Both sources publish whole-cluster snapshots on a watch channel; the guard keeps the
     // source's task alive.
     let (mut clusters, _source_guard): (_, Box<dyn std::any::Any + Send>) = match &cfg.source {
@@ -174,7 +249,7 @@ pub async fn run(
             (watch.subscribe(), Box::new(watch))
         }
         ObjectSource::Kubernetes(kube) => {
-            let client = ambit_kubeapi::Client::new(kube.clone())
+            let client = ambit_kubeapi::Client::new((**kube).clone())
                 .map_err(|e| ControlError::Kube(e.to_string()))?;
             let watch = crate::kube_source::KubeSource::new(client, cfg.cluster.clone())
                 .watch()
@@ -186,12 +261,16 @@ pub async fn run(
     let publish = {
         let xds = xds.clone();
         let placement = placement.clone();
+        let pods = pods.clone();
+        let metrics = metrics.clone();
         move |cluster: &crate::translate::Cluster| {
             let t = cluster.translate();
             for w in &t.warnings {
                 tracing::warn!(warning = %w, "translation");
             }
             *placement.write().unwrap_or_else(|p| p.into_inner()) = Placement::from(&t);
+            *pods.write().unwrap_or_else(|p| p.into_inner()) = pod_index(cluster);
+            metrics.published(t.workloads.len(), t.services.len(), t.policies.len());
             xds.update(Snapshot::from_model(&t.workloads, &t.services, &t.policies));
             tracing::info!(
                 workloads = t.workloads.len(),
@@ -225,8 +304,9 @@ pub async fn run(
     if let Some(tx) = bound {
         let _ = tx.send(local);
     }
+    metrics.set_ready();
     let mut routes = tonic::service::Routes::new(IstioCertificateServiceServer::new(
-        CaService::new(ca, authorizer),
+        CaService::new(ca, as_ca(authorizer)),
     ));
     routes = routes.add_service(xds.service());
     let xds_stop = xds.clone();
@@ -237,4 +317,37 @@ pub async fn run(
     .await;
     updater.abort();
     Ok(result?)
+}
+
+fn as_xds(a: Arc<dyn Authorizer>) -> Arc<dyn crate::xds::XdsAuthorizer> {
+    Arc::new(Both(a))
+}
+
+fn as_ca(a: Arc<dyn Authorizer>) -> Arc<dyn crate::ca::CaAuthorizer> {
+    Arc::new(Both(a))
+}
+
+/// One authorizer behind both services' trait objects.
+struct Both(Arc<dyn Authorizer>);
+
+impl crate::ca::CaAuthorizer for Both {
+    fn authenticate<'a>(
+        &'a self,
+        bearer_token: Option<&'a str>,
+    ) -> futures_util::future::BoxFuture<'a, Option<Caller>> {
+        crate::ca::CaAuthorizer::authenticate(&*self.0, bearer_token)
+    }
+
+    fn identity_on_node(&self, node: &str, identity: &SpiffeId) -> bool {
+        self.0.identity_on_node(node, identity)
+    }
+}
+
+impl crate::xds::XdsAuthorizer for Both {
+    fn authenticate<'a>(
+        &'a self,
+        credentials: crate::xds::Credentials<'a>,
+    ) -> futures_util::future::BoxFuture<'a, Option<crate::xds::XdsPeer>> {
+        crate::xds::XdsAuthorizer::authenticate(&*self.0, credentials)
+    }
 }

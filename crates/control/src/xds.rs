@@ -237,7 +237,7 @@ impl AggregatedDiscoveryService for XdsServer {
                 .get::<PeerInfo>()
                 .and_then(|p| p.remote),
         };
-        let Some(peer) = self.inner.authorizer.authenticate(&credentials) else {
+        let Some(peer) = self.inner.authorizer.authenticate(credentials).await else {
             tracing::info!(remote = ?credentials.remote, "xDS stream refused: not authenticated");
             return Err(Status::unauthenticated("missing or unknown bearer token"));
         };

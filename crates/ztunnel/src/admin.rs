@@ -19,7 +19,7 @@ use std::sync::Arc;
 use http::{Method, Request, StatusCode, header};
 use hyper::body::Incoming;
 
-pub use config_dump::{ConfigDumpSource, DumpSection, build_version, empty_source};
+pub use config_dump::{ConfigDumpSource, DumpSection, build_version, empty_source, rfc3339};
 
 use crate::drain::DrainWatcher;
 use crate::telemetry::LogHandle;

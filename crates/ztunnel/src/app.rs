@@ -260,8 +260,8 @@ impl Dump {
                             json!({
                                 "pem": s.pem,
                                 "serialNumber": s.serial_hex,
-                                "validFrom": format!("{:?}", s.not_before),
-                                "expirationTime": format!("{:?}", s.not_after),
+                                "validFrom": crate::admin::rfc3339(s.not_before),
+                                "expirationTime": crate::admin::rfc3339(s.not_after),
                             })
                         };
                         json!({

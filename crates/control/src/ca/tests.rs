@@ -50,8 +50,8 @@ type Case<'a> = (
     Result<&'a str, tonic::Code>,
 );
 
-#[test]
-fn decisions() {
+#[tokio::test]
+async fn decisions() {
     let svc = service();
     let pod1 = "spiffe://cluster.local/ns/default/sa/pod1";
     let web = "spiffe://cluster.local/ns/default/sa/web";
@@ -128,7 +128,7 @@ fn decisions() {
         ),
     ];
     for (name, token, req, want) in cases {
-        let got = svc.create(*token, req);
+        let got = svc.create(*token, req).await;
         match (got, want) {
             (Ok(chain), Ok(identity)) => {
                 assert_eq!(chain.len(), 2, "{name}: leaf + root");

@@ -7,7 +7,10 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
+use futures_util::future::BoxFuture;
+
 use crate::ca::{CaAuthorizer, Caller, StaticAuthorizer};
+use crate::kube_auth::TokenReviewAuthorizer;
 
 /// What a stream presents when it opens.
 #[derive(Debug, Clone, Copy, Default)]
@@ -29,7 +32,7 @@ pub struct XdsPeer {
 /// Decides whether a stream may be served.
 pub trait XdsAuthorizer: Send + Sync + 'static {
     /// `None` refuses the stream with `UNAUTHENTICATED`.
-    fn authenticate(&self, credentials: &Credentials<'_>) -> Option<XdsPeer>;
+    fn authenticate<'a>(&'a self, credentials: Credentials<'a>) -> BoxFuture<'a, Option<XdsPeer>>;
 }
 
 /// Bearer tokens issued out of band, token → peer.
@@ -54,22 +57,39 @@ impl TokenAuthorizer {
 }
 
 impl XdsAuthorizer for TokenAuthorizer {
-    fn authenticate(&self, credentials: &Credentials<'_>) -> Option<XdsPeer> {
-        credentials
+    fn authenticate<'a>(&'a self, credentials: Credentials<'a>) -> BoxFuture<'a, Option<XdsPeer>> {
+        let peer = credentials
             .bearer_token
-            .and_then(|t| self.tokens.get(t).cloned())
+            .and_then(|t| self.tokens.get(t).cloned());
+        Box::pin(std::future::ready(peer))
     }
+}
+
+fn peer_of(caller: Caller) -> XdsPeer {
+    let name = match caller {
+        Caller::NodeProxy { node } => format!("node proxy {node}"),
+        Caller::Workload(id) => id.to_string(),
+    };
+    XdsPeer { name }
 }
 
 /// The CA's token table serves xDS too: one token per node proxy or workload.
 impl XdsAuthorizer for StaticAuthorizer {
-    fn authenticate(&self, credentials: &Credentials<'_>) -> Option<XdsPeer> {
-        let caller = CaAuthorizer::authenticate(self, credentials.bearer_token)?;
-        let name = match caller {
-            Caller::NodeProxy { node } => format!("node proxy {node}"),
-            Caller::Workload(id) => id.to_string(),
-        };
-        Some(XdsPeer { name })
+    fn authenticate<'a>(&'a self, credentials: Credentials<'a>) -> BoxFuture<'a, Option<XdsPeer>> {
+        Box::pin(std::future::ready(
+            self.caller(credentials.bearer_token).map(peer_of),
+        ))
+    }
+}
+
+/// TokenReview'd service-account tokens serve xDS too (node proxies and workloads alike).
+impl XdsAuthorizer for TokenReviewAuthorizer {
+    fn authenticate<'a>(&'a self, credentials: Credentials<'a>) -> BoxFuture<'a, Option<XdsPeer>> {
+        Box::pin(async move {
+            CaAuthorizer::authenticate(self, credentials.bearer_token)
+                .await
+                .map(peer_of)
+        })
     }
 }
 
@@ -79,11 +99,11 @@ impl XdsAuthorizer for StaticAuthorizer {
 pub struct AllowAll;
 
 impl XdsAuthorizer for AllowAll {
-    fn authenticate(&self, credentials: &Credentials<'_>) -> Option<XdsPeer> {
-        Some(XdsPeer {
+    fn authenticate<'a>(&'a self, credentials: Credentials<'a>) -> BoxFuture<'a, Option<XdsPeer>> {
+        Box::pin(std::future::ready(Some(XdsPeer {
             name: credentials
                 .remote
                 .map_or_else(|| "unknown".to_string(), |r| r.to_string()),
-        })
+        })))
     }
 }

@@ -16,6 +16,9 @@ use tracing_subscriber::{EnvFilter, Layer, Registry, reload};
 use super::TelemetryError;
 use crate::config::LogFormat;
 
+mod format;
+pub use format::{JsonFormat, PlainFormat};
+
 /// Target whose logs are always off.
 const FORCED_OFF: &str = "hickory_server";
 
@@ -67,19 +70,36 @@ impl LogHandle {
     }
 }
 
-/// Installs the global subscriber writing to stdout; call once at process start.
+/// Installs the global subscriber writing to stdout; call once at process start. Plain lines
+/// colour their level only when stdout is a terminal.
 pub fn init_logging(format: LogFormat, filter: &str) -> Result<LogHandle, TelemetryError> {
-    let (dispatch, handle) = subscriber(format, filter, std::io::stdout)?;
+    use std::io::IsTerminal;
+    let ansi = std::io::stdout().is_terminal();
+    let (dispatch, handle) = subscriber_with(format, filter, ansi, std::io::stdout)?;
     tracing::dispatcher::set_global_default(dispatch)
         .map_err(|_| TelemetryError::SubscriberAlreadySet)?;
     Ok(handle)
 }
 
-/// Builds (without installing) a subscriber writing to `writer`: for tests and for callers
-/// that scope logging with `tracing::dispatcher::with_default`.
+/// Builds (without installing) a subscriber writing to `writer` in upstream's line formats
+/// ([`PlainFormat`] without colour, [`JsonFormat`]): for tests and for callers that scope
+/// logging with `tracing::dispatcher::with_default`.
 pub fn subscriber<W>(
     format: LogFormat,
     filter: &str,
+    writer: W,
+) -> Result<(Dispatch, LogHandle), TelemetryError>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    subscriber_with(format, filter, false, writer)
+}
+
+/// [`subscriber`], colouring plain levels when `ansi`.
+pub fn subscriber_with<W>(
+    format: LogFormat,
+    filter: &str,
+    ansi: bool,
     writer: W,
 ) -> Result<(Dispatch, LogHandle), TelemetryError>
 where
@@ -90,9 +110,15 @@ where
         LogFormat::Plain => Box::new(
             tracing_subscriber::fmt::layer()
                 .with_ansi(false)
+                .event_format(PlainFormat { ansi })
                 .with_writer(writer),
         ),
-        LogFormat::Json => Box::new(tracing_subscriber::fmt::layer().json().with_writer(writer)),
+        LogFormat::Json => Box::new(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .event_format(JsonFormat)
+                .with_writer(writer),
+        ),
     };
     let subscriber = Registry::default().with(filter_layer).with(fmt);
     let handle = LogHandle {
