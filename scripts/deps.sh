@@ -30,3 +30,40 @@ ensure_packages() {
     fi
     export PATH="$PATH:/usr/sbin:/sbin"
 }
+
+# The image build and its test: debootstrap makes the root filesystem, podman imports and runs it.
+ensure_image_tools() {
+    local missing=()
+    command -v podman >/dev/null 2>&1 || missing+=(podman)
+    # crun refuses hybrid cgroup hierarchies (some VMs); the image test falls back to runc.
+    command -v runc >/dev/null 2>&1 || missing+=(runc)
+    command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        log "installing missing packages: ${missing[*]}"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    export PATH="$PATH:/usr/sbin:/sbin"
+}
+
+# kubernetes-validate (PyPI) for the offline schema check of deploy/kubernetes, pinned with its
+# dependencies in scripts/kubernetes-validate.txt and kept in a venv outside the clone, keyed
+# by that file, so repeated runs reuse it. Exports AMBIT_KUBERNETES_VALIDATE for the test.
+ensure_kubernetes_validate() {
+    local pins key venv
+    pins="$(dirname "${BASH_SOURCE[0]}")/kubernetes-validate.txt"
+    key=$(sha256sum "$pins" | cut -c1-12)
+    venv="${AMBIT_CACHE:-$HOME/.cache/ambit}/kubernetes-validate-$key"
+    if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+        log "installing kubernetes-validate into $venv"
+        rm -rf "$venv"
+        if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+            as_root apt-get update -qq
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+            rm -rf "$venv"
+            python3 -m venv "$venv"
+        fi
+        "$venv/bin/pip" install -q --disable-pip-version-check -r "$pins"
+    fi
+    export AMBIT_KUBERNETES_VALIDATE="$venv/bin/kubernetes-validate"
+}
