@@ -9,6 +9,8 @@
 mod mesh;
 
 use std::net::SocketAddr;
+
+use ambit_netns::SocketFactory;
 use std::time::Duration;
 
 use mesh::{APP_PORT, ConfigExtras, Mesh, connect_from, eventually, exchange};
@@ -140,4 +142,102 @@ fn policy_is_evaluated_for_the_served_workload() {
             || (try_exchange(&m, "plain", server).is_ok() == case.plain_ok).then_some(()),
         );
     }
+}
+
+/// Opens TCP from the uncaptured `plain` pod to the server's 15008 and, when `tls`, completes
+/// a TLS handshake with the `client` identity; then sends nothing. Returns whether the server
+/// closed the connection within `within`.
+fn silent_peer_closed(m: &Mesh, tls: bool, within: Duration) -> Result<bool, String> {
+    use tokio::io::AsyncReadExt;
+    let hbone = m.pod_addr("server", 15008);
+    let cert =
+        m.ca.issue(&mesh::id("client"), Duration::from_secs(3600))
+            .map_err(|e| e.to_string())?;
+    let config = std::sync::Arc::new(
+        ambit_tls::client_config(&cert, vec![mesh::id("server")]).map_err(|e| e.to_string())?,
+    );
+    let sock = mesh::app_factory(m.pod_ns("plain"))
+        .new_tcp_stream_socket(hbone, None, &ambit_netns::SocketOptions::default())
+        .map_err(|e| e.to_string())?;
+    m.rt.block_on(async {
+        let tcp = tokio::net::TcpSocket::from_std_stream(sock.into())
+            .connect(hbone)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 512];
+        let read_to_close = async {
+            if tls {
+                let mut s = ambit_tls::tokio_rustls::TlsConnector::from(config)
+                    .connect(ambit_tls::hbone_server_name(), tcp)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // Whatever the server sends (its SETTINGS) until it closes.
+                while s.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+            } else {
+                let mut tcp = tcp;
+                while tcp.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+            }
+            Ok::<_, String>(())
+        };
+        match tokio::time::timeout(within, read_to_close).await {
+            Ok(r) => r.map(|()| true),
+            Err(_) => Ok(false),
+        }
+    })
+}
+
+/// Hole: a peer that completes TLS on 15008 and then never sends the HTTP/2 preface held its
+/// connection (and the server's task) forever. The server now closes it.
+#[test]
+fn a_silent_hbone_peer_is_cut_off() {
+    if !capable("a_silent_hbone_peer_is_cut_off") {
+        return;
+    }
+    let m = Mesh::start(&[("node1", "plain", false), ("node2", "server", true)]);
+    eventually("the server has its certificate", SECS, || {
+        m.hbone_request("plain", "client", "server", "CONNECT", "1.2.3.4:1")
+            .ok()
+    });
+    assert_eq!(
+        silent_peer_closed(&m, true, Duration::from_secs(15)),
+        Ok(true),
+        "a TLS peer that never sent the HTTP/2 preface was not cut off\n{}",
+        m.ztunnel_log("server")
+    );
+}
+
+/// Holes: a CA that never answers stopped certificate renewal for good (the first call hung
+/// forever), and every inbound connection waited on it without a deadline. Now each call has
+/// a deadline and is retried with backoff, and a connection waits a bounded time.
+#[test]
+fn a_ca_that_never_answers_is_bounded_and_retried() {
+    if !capable("a_ca_that_never_answers_is_bounded_and_retried") {
+        return;
+    }
+    let m = Mesh::start_with_ca(
+        &[
+            ("node1", "client", true),
+            ("node1", "plain", false),
+            ("node2", "server", true),
+        ],
+        false,
+        &[],
+        false,
+    );
+    m.start_app("server", APP_PORT);
+    let server = m.pod_addr("server", APP_PORT);
+    // No certificate: a TCP peer on 15008 is not held forever while the CA hangs.
+    assert_eq!(
+        silent_peer_closed(&m, false, Duration::from_secs(20)),
+        Ok(true),
+        "an inbound connection waited on a hanging CA without a deadline\n{}",
+        m.ztunnel_log("server")
+    );
+    // The CA recovers: the hung calls are given up on and retried, and traffic flows.
+    m.ca_answers.send_replace(true);
+    eventually(
+        "traffic once the CA answers",
+        Duration::from_secs(60),
+        || try_exchange(&m, "client", server).ok(),
+    );
 }

@@ -27,6 +27,8 @@ use crate::stream::H2Stream;
 pub enum ServerError {
     #[error("client: HTTP/2 handshake failed")]
     Handshake(#[source] h2::Error),
+    #[error("client: no HTTP/2 preface within {0:?}")]
+    HandshakeTimeout(Duration),
     #[error("client: HTTP/2 connection failed")]
     Connection(#[source] h2::Error),
     #[error("client: no PONG within {0:?}, connection dropped")]
@@ -171,10 +173,10 @@ where
     H: Fn(ConnectRequest, Responder) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let mut conn = settings
-        .server_builder()
-        .handshake(io)
+    let handshake = settings.server_builder().handshake(io);
+    let mut conn = tokio::time::timeout(settings.server_handshake_timeout, handshake)
         .await
+        .map_err(|_| ServerError::HandshakeTimeout(settings.server_handshake_timeout))?
         .map_err(ServerError::Handshake)?;
     let keepalive = keepalive::run(
         conn.ping_pong(),

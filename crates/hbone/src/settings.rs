@@ -33,6 +33,9 @@ pub struct H2Settings {
     /// After a server drain starts (GOAWAY sent), how long in-flight streams may run before
     /// the connection is closed abruptly.
     pub drain_deadline: Duration,
+    /// How long a server waits for the client's HTTP/2 preface once the transport is up; a
+    /// peer that never sends it is dropped instead of holding the connection forever.
+    pub server_handshake_timeout: Duration,
 }
 
 const MIB: u32 = 1024 * 1024;
@@ -53,6 +56,7 @@ impl Default for H2Settings {
             keepalive_interval: Some(Duration::from_secs(10)),
             keepalive_timeout: Duration::from_secs(20),
             drain_deadline: Duration::from_secs(5),
+            server_handshake_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -522,6 +522,25 @@ async fn keepalive_drops_connections_whose_peer_stops_answering() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_client_that_never_sends_the_preface_is_dropped() {
+    let settings = ambit_hbone::H2Settings {
+        server_handshake_timeout: Duration::from_secs(5),
+        ..ambit_hbone::H2Settings::default()
+    };
+    let (server_io, peer) = tokio::io::duplex(BUF);
+    tokio::spawn(silent_peer(peer, false));
+    let started = tokio::time::Instant::now();
+    let served =
+        ambit_hbone::serve_connection(server_io, &settings, status_handler, std::future::pending())
+            .await;
+    assert!(
+        matches!(served, Err(ambit_hbone::ServerError::HandshakeTimeout(t)) if t == Duration::from_secs(5)),
+        "{served:?}"
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
 async fn keepalive_keeps_healthy_connections() {
     let keepalive = ambit_hbone::H2Settings {
         keepalive_interval: Some(Duration::from_secs(10)),

@@ -10,6 +10,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use ambit_model::SpiffeId;
 use rustls::client::{ResolvesClientCert, Resumption, WebPkiServerVerifier};
@@ -61,7 +62,7 @@ pub fn server_config(cert: &WorkloadCertificate) -> Result<ServerConfig, ConfigE
         .with_protocol_versions(&[&TLS13])
         .map_err(ConfigError::Tls)?
         .with_client_cert_verifier(Arc::new(verifier))
-        .with_cert_resolver(Arc::new(SingleCert(cert.certified_key())));
+        .with_cert_resolver(Arc::new(UnexpiredCert::of(cert)));
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
     config.session_storage = Arc::new(NoServerSessionStorage {});
     config.send_tls13_tickets = 0;
@@ -89,7 +90,7 @@ pub fn client_config(
         .map_err(ConfigError::Tls)?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_client_cert_resolver(Arc::new(SingleCert(cert.certified_key())));
+        .with_client_cert_resolver(Arc::new(UnexpiredCert::of(cert)));
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
     config.enable_sni = false;
     config.resumption = Resumption::disabled();
@@ -181,6 +182,52 @@ impl ResolvesClientCert for SingleCert {
         _sigschemes: &[SignatureScheme],
     ) -> Option<Arc<CertifiedKey>> {
         Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// A workload certificate presented only while it is valid: past its `not_after` the
+/// handshake fails on our side instead of presenting an expired certificate (a config built
+/// before expiry may still be used after it).
+#[derive(Debug)]
+struct UnexpiredCert {
+    key: Arc<CertifiedKey>,
+    not_after: SystemTime,
+}
+
+impl UnexpiredCert {
+    fn of(cert: &WorkloadCertificate) -> Self {
+        Self {
+            key: cert.certified_key(),
+            not_after: cert.not_after(),
+        }
+    }
+
+    fn current(&self) -> Option<Arc<CertifiedKey>> {
+        if SystemTime::now() >= self.not_after {
+            tracing::warn!(not_after = ?self.not_after, "refusing to present an expired certificate");
+            return None;
+        }
+        Some(self.key.clone())
+    }
+}
+
+impl ResolvesServerCert for UnexpiredCert {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current()
+    }
+}
+
+impl ResolvesClientCert for UnexpiredCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        self.current()
     }
 
     fn has_certs(&self) -> bool {

@@ -5,6 +5,10 @@
 //! identity, and on failure retried with exponential backoff while the still-valid certificate
 //! keeps serving. Renewal only swaps the certificate used for *new* handshakes; established
 //! connections keep their TLS session and are never dropped.
+//!
+//! Deadlines: each CA call gets [`CA_REQUEST_TIMEOUT`] (a CA that never answers is given up
+//! on and retried with the backoff), a caller waits at most [`FETCH_WAIT`] for an identity's
+//! first certificate, and an expired certificate is never handed out, however renewal goes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +32,15 @@ pub enum IdentityError {
     Csr { identity: SpiffeId, message: String },
     #[error("CA response for {identity} rejected: {message}")]
     BadResponse { identity: SpiffeId, message: String },
+    #[error("CA request for {identity} got no answer within {after:?}")]
+    CaTimeout { identity: SpiffeId, after: Duration },
+    #[error("no certificate for {identity} within {waited:?}")]
+    NotYet {
+        identity: SpiffeId,
+        waited: Duration,
+    },
+    #[error("the certificate for {identity} has expired and no renewal succeeded")]
+    Expired { identity: SpiffeId },
     #[error("reading the auth token: {0}")]
     Token(String),
     #[error("certificate manager is shutting down")]
@@ -112,6 +125,8 @@ impl CaClient {
             validity_duration: i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX),
             metadata,
         });
+        // Tell the CA too (grpc-timeout), so it can stop working on an abandoned call.
+        req.set_timeout(CA_REQUEST_TIMEOUT);
         let meta = req.metadata_mut();
         if let Some(token) = self.token()? {
             if let Ok(v) = format!("Bearer {token}").parse() {
@@ -168,6 +183,12 @@ struct Entry {
 /// Backoff bounds for failed fetches (§5.2).
 const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(150);
+/// Deadline of one CA call (CSR, request, answer). A CA that never answers must not stop the
+/// identity's renewal: the call is given up on and retried with backoff.
+pub const CA_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`CertManager::fetch`] waits for an identity's first certificate: a connection
+/// is not held longer than this on a slow or absent CA (the fetch goes on in the background).
+pub const FETCH_WAIT: Duration = Duration::from_secs(5);
 
 /// The per-identity certificate cache.
 pub struct CertManager {
@@ -225,33 +246,50 @@ impl CertManager {
         }
     }
 
-    /// The current certificate for `id`, waiting for the first fetch if needed. Fails when
-    /// the first fetch failed and no valid certificate exists.
+    /// The current certificate for `id`, waiting up to [`FETCH_WAIT`] for the first fetch.
+    /// Fails when the first fetch failed or is still running, and when the certificate has
+    /// expired (a stalled renewal never makes an expired certificate usable).
     pub async fn fetch(
         self: &Arc<Self>,
         id: &SpiffeId,
     ) -> Result<Arc<WorkloadCertificate>, IdentityError> {
         let mut rx = self.entry(id);
-        loop {
-            match &*rx.borrow_and_update() {
-                CertState::Available(c) => return Ok(c.clone()),
-                CertState::Unavailable {
-                    previous: Some(c), ..
-                } if !c.is_expired_at(SystemTime::now()) => {
-                    return Ok(c.clone());
+        let first = async {
+            loop {
+                let now = SystemTime::now();
+                match &*rx.borrow_and_update() {
+                    CertState::Available(c) if !c.is_expired_at(now) => return Ok(c.clone()),
+                    CertState::Available(_) => {
+                        return Err(IdentityError::Expired {
+                            identity: id.clone(),
+                        });
+                    }
+                    CertState::Unavailable {
+                        previous: Some(c), ..
+                    } if !c.is_expired_at(now) => {
+                        return Ok(c.clone());
+                    }
+                    CertState::Unavailable { error, .. } => {
+                        return Err(IdentityError::Ca {
+                            identity: id.clone(),
+                            message: error.clone(),
+                        });
+                    }
+                    CertState::Initializing => {}
                 }
-                CertState::Unavailable { error, .. } => {
-                    return Err(IdentityError::Ca {
-                        identity: id.clone(),
-                        message: error.clone(),
-                    });
+                if rx.changed().await.is_err() {
+                    return Err(IdentityError::Shutdown);
                 }
-                CertState::Initializing => {}
             }
-            if rx.changed().await.is_err() {
-                return Err(IdentityError::Shutdown);
-            }
-        }
+        };
+        tokio::time::timeout(FETCH_WAIT, first)
+            .await
+            .unwrap_or_else(|_| {
+                Err(IdentityError::NotYet {
+                    identity: id.clone(),
+                    waited: FETCH_WAIT,
+                })
+            })
     }
 
     /// Snapshot for `/config_dump`.
@@ -275,7 +313,15 @@ async fn refresh_loop(
 ) {
     let mut backoff = BACKOFF_INITIAL;
     loop {
-        let wait = match provider.fetch(&id).await {
+        let fetched = tokio::time::timeout(CA_REQUEST_TIMEOUT, provider.fetch(&id))
+            .await
+            .unwrap_or_else(|_| {
+                Err(IdentityError::CaTimeout {
+                    identity: id.clone(),
+                    after: CA_REQUEST_TIMEOUT,
+                })
+            });
+        let wait = match fetched {
             Ok(cert) => {
                 backoff = BACKOFF_INITIAL;
                 let refresh_at = cert.refresh_at();

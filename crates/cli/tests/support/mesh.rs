@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 use ambit_control::ca::{CaService, Caller, StaticAuthorizer};
 use ambit_model::SpiffeId;
 use ambit_netns::{SocketFactory, SocketOptions};
-use ambit_proto::ca::istio_certificate_service_server::IstioCertificateServiceServer;
+use ambit_proto::ca::istio_certificate_service_server::{
+    IstioCertificateService, IstioCertificateServiceServer,
+};
+use ambit_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use ambit_redirect::{Backend, InPod, IpNetnsExec, PodRedirectConfig};
 use ambit_tls::LocalCa;
 use ambit_topology::{Namespace, Topology};
@@ -69,6 +72,28 @@ pub struct Mesh {
     pub dns: bool,
     /// Extra environment for every ztunnel.
     pub env: Vec<(String, String)>,
+    /// Whether the CA answers `CreateCertificate` (false: every call hangs, a stalled CA).
+    pub ca_answers: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+/// The test CA: [`CaService`], unless told to hang every call (a CA that never answers).
+struct GatedCa {
+    inner: CaService,
+    answers: tokio::sync::watch::Receiver<bool>,
+}
+
+#[tonic::async_trait]
+impl IstioCertificateService for GatedCa {
+    async fn create_certificate(
+        &self,
+        request: tonic::Request<IstioCertificateRequest>,
+    ) -> Result<tonic::Response<IstioCertificateResponse>, tonic::Status> {
+        if !*self.answers.borrow() {
+            // Hang until the caller gives up (the call is dropped with it).
+            std::future::pending::<()>().await;
+        }
+        self.inner.create_certificate(request).await
+    }
 }
 
 pub fn id(sa: &str) -> SpiffeId {
@@ -169,6 +194,17 @@ impl Mesh {
 
     /// The general constructor: `env` is added to every ztunnel's environment.
     pub fn start_full(pods: &[(&str, &str, bool)], dns: bool, env: &[(&str, &str)]) -> Mesh {
+        Self::start_with_ca(pods, dns, env, true)
+    }
+
+    /// [`Mesh::start_full`] with a CA that answers or (`ca_answers` false) hangs every call
+    /// until [`Mesh::ca_answers`] is set.
+    pub fn start_with_ca(
+        pods: &[(&str, &str, bool)],
+        dns: bool,
+        env: &[(&str, &str)],
+        ca_answers: bool,
+    ) -> Mesh {
         let mut b = Topology::builder();
         for (node, pod, _) in pods {
             b = b.pod(*node, *pod);
@@ -195,6 +231,7 @@ impl Mesh {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            ca_answers: Arc::new(tokio::sync::watch::channel(ca_answers).0),
         };
         if dns {
             let node = mesh.topo.nodes().last().expect("a node");
@@ -252,6 +289,10 @@ impl Mesh {
         .with_min_ttl(Duration::from_secs(1));
         let server_cert = self.ca.server_cert_for_hostnames(&["ca.test"]).unwrap();
         let tls = Arc::new(ambit_tls::server_config_plain(&server_cert).unwrap());
+        let svc = GatedCa {
+            inner: svc,
+            answers: self.ca_answers.subscribe(),
+        };
         let routes = tonic::service::Routes::new(IstioCertificateServiceServer::new(svc));
         self.rt.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();

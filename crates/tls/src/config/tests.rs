@@ -1,6 +1,6 @@
 //! Handshakes over in-memory duplex pipes between real rustls endpoints.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use rustls::crypto::aws_lc_rs;
 use rustls::version::TLS12;
@@ -371,4 +371,58 @@ fn hbone_client_sends_no_sni_and_never_resumes() {
     let server = server_config(&cert).unwrap();
     assert_eq!(server.send_tls13_tickets, 0);
     assert!(!server.session_storage.can_cache());
+}
+
+/// A configuration built while its certificate was valid and used after it expired must
+/// refuse the handshake on its own side, never present the expired certificate.
+#[tokio::test]
+async fn expired_certificates_are_never_presented() {
+    let ca = LocalCa::generate("cluster.local").unwrap();
+    let server_id = id("spiffe://cluster.local/ns/default/sa/server");
+    let client_id = id("spiffe://cluster.local/ns/default/sa/client");
+    let hour = Duration::from_secs(3600);
+    let second = Duration::from_secs(1);
+    let fresh_server = ca.issue(&server_id, hour).unwrap();
+    let fresh_client = ca.issue(&client_id, hour).unwrap();
+    let short_server = ca.issue(&server_id, second).unwrap();
+    let short_client = ca.issue(&client_id, second).unwrap();
+    // (what, server config, client config, the server's error)
+    let cases = [
+        (
+            "expired server certificate",
+            server_config(&short_server).unwrap(),
+            client_config(&fresh_client, vec![server_id.clone()]).unwrap(),
+            "no server certificate",
+        ),
+        (
+            "expired client certificate",
+            server_config(&fresh_server).unwrap(),
+            client_config(&short_client, vec![server_id.clone()]).unwrap(),
+            "no certificates",
+        ),
+    ];
+    // Poll (bounded) until the short certificates are past their not_after.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(short_server.is_expired_at(SystemTime::now())
+        && short_client.is_expired_at(SystemTime::now()))
+    {
+        assert!(std::time::Instant::now() < deadline, "never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (what, server, client, text) in cases {
+        let (server_side, client_side) = handshake(server, client, hbone_server_name()).await;
+        let err = server_side.expect_err(what).to_string();
+        assert!(
+            err.contains(text),
+            "{what}: server error {err:?} lacks {text:?}"
+        );
+        // The client's side may complete (TLS 1.3 clients finish first); if it failed, it
+        // was not because it saw an expired certificate.
+        if let Err(e) = client_side {
+            assert!(
+                !e.to_string().to_lowercase().contains("expired"),
+                "{what}: the peer saw the expired certificate: {e}"
+            );
+        }
+    }
 }

@@ -168,3 +168,92 @@ async fn renews_at_half_life() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// What a scripted CA does on each call, in order; the last step repeats.
+#[derive(Clone, Copy)]
+enum Step {
+    /// Never answers.
+    Hang,
+    /// Issues a certificate with this lifetime.
+    Issue(Duration),
+}
+
+struct ScriptedCa {
+    ca: LocalCa,
+    steps: Vec<Step>,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl ScriptedCa {
+    fn new(steps: Vec<Step>) -> Self {
+        Self {
+            ca: LocalCa::generate("cluster.local").unwrap(),
+            steps,
+            calls: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+}
+
+impl CertProvider for ScriptedCa {
+    fn fetch<'a>(&'a self, identity: &'a SpiffeId) -> BoxFuture<'a, WorkloadCertificate> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let step = self.steps[n.min(self.steps.len() - 1)];
+        Box::pin(async move {
+            match step {
+                Step::Hang => std::future::pending().await,
+                Step::Issue(ttl) => self.ca.issue(identity, ttl).map_err(|e| IdentityError::Ca {
+                    identity: identity.clone(),
+                    message: e.to_string(),
+                }),
+            }
+        })
+    }
+}
+
+/// Hole: a CA call that never returned stopped the identity's refresh loop for good, and
+/// every fetch waited on it forever. (Paused time: the deadlines pass without waiting.)
+#[tokio::test(start_paused = true)]
+async fn a_ca_call_that_never_returns_is_given_up_and_retried() {
+    let mgr = CertManager::new(ScriptedCa::new(vec![
+        Step::Hang,
+        Step::Issue(Duration::from_secs(3600)),
+    ]));
+    let pod = id("spiffe://cluster.local/ns/default/sa/pod1");
+    let first = tokio::time::timeout(Duration::from_secs(3600), mgr.fetch(&pod))
+        .await
+        .expect("a fetch waits a bounded time on a CA that never answers");
+    assert!(first.is_err(), "{first:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
+    loop {
+        if mgr.fetch(&pod).await.is_ok() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the hung call was never retried"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Hole: once renewal stalled, the cached certificate was handed out (and presented in
+/// handshakes) after it expired.
+#[tokio::test]
+async fn an_expired_certificate_is_never_handed_out() {
+    let mgr = CertManager::new(ScriptedCa::new(vec![
+        Step::Issue(Duration::from_secs(1)),
+        Step::Hang,
+    ]));
+    let pod = id("spiffe://cluster.local/ns/default/sa/pod1");
+    let cert = mgr.fetch(&pod).await.unwrap();
+    // Wall-clock expiry: poll (bounded) until the 1 s certificate is past its not_after.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cert.is_expired_at(SystemTime::now()) {
+        assert!(std::time::Instant::now() < deadline, "never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = tokio::time::timeout(Duration::from_secs(5), mgr.fetch(&pod))
+        .await
+        .expect("an answer without waiting on the hung renewal");
+    assert!(after.is_err(), "an expired certificate was handed out");
+}
