@@ -19,6 +19,11 @@ use ambit_netns::testing;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+/// jemalloc, as upstream ztunnel: glibc's malloc trims the data path's large buffers back
+/// to the kernel and faults them in again (measured in BENCHMARKS.md, "Profiles").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod inpod;
 mod load;
 mod procstat;

@@ -8,6 +8,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// jemalloc, as upstream ztunnel: glibc's malloc trims the data path's large buffers back
+/// to the kernel and faults them in again (measured in BENCHMARKS.md, "Profiles").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod agent;
 mod control;
 mod install_cni;
