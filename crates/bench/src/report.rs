@@ -361,9 +361,11 @@ pub fn summarize(
                                 name == "baseline" || Some(name.as_str()) == upstream,
                             ),
                             added_us: added.filter(|_| name != "baseline"),
+                            // Only when both added latency: a tail below the baseline's is
+                            // noise, and a ratio of it would read as a win.
                             added_ratio_to_upstream: added
                                 .zip(up_added)
-                                .filter(|(_, u)| *u > 0.0)
+                                .filter(|(a, u)| *a > 0.0 && *u > 0.0)
                                 .filter(|_| name != "baseline" && Some(name.as_str()) != upstream)
                                 .map(|(a, u)| a / u),
                         },
@@ -688,6 +690,14 @@ mod tests {
         assert_eq!(verdict(&conn), Some(true));
         assert_eq!(verdict(&p99), Some(true));
         assert_eq!(verdict(CPU_PER_GB), None);
+        // A tail below the baseline's is noise: no ratio of added latencies.
+        let lat = |v: f64| sample(&[(&p99, &[v])]);
+        let r = summarize(
+            &names,
+            &[lat(100.0), lat(90.0), lat(200.0)],
+            Some("upstream"),
+        );
+        assert_eq!(r[1].metrics[&p99].added_ratio_to_upstream, None);
         // Without an upstream scenario nothing is judged against it.
         let r = summarize(
             &names[..2],
