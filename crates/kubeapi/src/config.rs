@@ -556,39 +556,19 @@ fn exec_config(e: &ExecEntry, dir: &Path) -> Result<ExecConfig, String> {
     })
 }
 
-/// Standard base64 (padding optional, whitespace ignored); `None` on any other character.
-/// Small enough to not warrant a dependency.
+/// Standard base64, as lenient as kubectl's readers: padding optional, whitespace ignored,
+/// non-zero trailing bits allowed; `None` on any other character.
 pub(crate) fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    fn value(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    }
+    use base64::Engine as _;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new()
+            .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+            .with_decode_allow_trailing_bits(true),
+    );
     let digits: Vec<u8> = text.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
-    let digits = match digits.iter().position(|&c| c == b'=') {
-        Some(i) if digits[i..].iter().all(|&c| c == b'=') && digits[i..].len() <= 2 => &digits[..i],
-        Some(_) => return None,
-        None => &digits[..],
-    };
-    if digits.len() % 4 == 1 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
-    for chunk in digits.chunks(4) {
-        let mut acc = 0u32;
-        for &c in chunk {
-            acc = (acc << 6) | value(c)?;
-        }
-        acc <<= 6 * (4 - chunk.len() as u32);
-        let bytes = acc.to_be_bytes();
-        out.extend_from_slice(&bytes[1..chunk.len()]);
-    }
-    Some(out)
+    LENIENT.decode(digits).ok()
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The plugin's network configuration (`spec/cni.md` §5.2), its `prevResult`, and the
 //! `/cmdadd` request body (§5.3) shared with the agent's server.
 
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
@@ -274,30 +275,9 @@ fn ipnet(cidr: &str) -> Option<CmdAddIpNet> {
         .collect();
     Some(CmdAddIpNet {
         ip: ip.to_string(),
-        mask: base64(&mask),
+        // Standard base64 with padding: what Go uses for `[]byte` in JSON.
+        mask: base64::engine::general_purpose::STANDARD.encode(&mask),
     })
-}
-
-/// Standard base64 with padding (what Go uses for `[]byte` in JSON).
-pub(crate) fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 #[cfg(test)]
