@@ -1,6 +1,8 @@
 //! [`AgentConfig`]: the node agent's typed configuration, built from upstream's environment
-//! variable names (`spec/cni.md` §6.4) by [`AgentConfig::from_vars`], which reports every
-//! bad variable at once. The library never reads the environment itself.
+//! variable names (`spec/cni.md` §6.4) by [`AgentConfig::from_vars`] through the node
+//! contract's one reader ([`ambit_contract::env::Env`]), which reports every bad variable at
+//! once, naming its value and what was expected. Booleans are Go's `ParseBool`, durations Go's
+//! `ParseDuration` plus bare seconds. The library never reads the environment itself.
 //!
 //! ambit additions (no upstream twin): `AMBIT_HOST_PREFIX` (where the host filesystem is
 //! mounted; upstream hard-codes `/host`, ours defaults to none so the agent also runs
@@ -24,6 +26,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ambit_contract::env::Env;
+use ambit_contract::ports;
+use ambit_contract::values::parse_duration;
 use ambit_redirect::consts::{DEFAULT_PROBE_SNAT_V4, DEFAULT_PROBE_SNAT_V6};
 
 use crate::enrol::{Enablement, parse_selectors};
@@ -31,17 +36,7 @@ use crate::installer::conflist::{ConfMode, ISTIO_OWNED_CONF_NAME};
 use crate::installer::{InstallConfig, KubeApi, SERVICE_ACCOUNT_DIR};
 use crate::zds::ZdsConfig;
 
-/// One bad variable.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{var}={value:?}: {reason}")]
-pub struct ConfigError {
-    /// Variable name.
-    pub var: String,
-    /// Its value.
-    pub value: String,
-    /// What is wrong.
-    pub reason: String,
-}
+pub use ambit_contract::env::{EnvError as ConfigError, EnvErrors as ConfigErrors};
 
 /// Everything the agent needs.
 #[derive(Debug, Clone)]
@@ -93,90 +88,21 @@ pub struct AgentConfig {
     pub zds: ZdsConfig,
 }
 
-/// Go `strconv.ParseBool`.
-fn parse_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
-
-/// `10s`, `500ms`, `1m`, or plain seconds.
-fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: u64 = num.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
-        _ => None,
-    }
-}
-
-struct Vars<'a> {
-    vars: &'a [(String, String)],
-    errors: Vec<ConfigError>,
-}
-
-impl Vars<'_> {
-    fn raw(&self, name: &str) -> Option<&str> {
-        // Last assignment wins, as in a process environment built by appending.
-        self.vars
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    }
-
-    fn string(&self, name: &str, default: &str) -> String {
-        self.raw(name).unwrap_or(default).to_owned()
-    }
-
-    fn parsed<T>(&mut self, name: &str, default: T, parse: impl Fn(&str) -> Option<T>) -> T {
-        match self.raw(name) {
-            None => default,
-            Some(v) => match parse(v) {
-                Some(t) => t,
-                None => {
-                    self.errors.push(ConfigError {
-                        var: name.into(),
-                        value: v.into(),
-                        reason: "invalid value".into(),
-                    });
-                    default
-                }
-            },
-        }
-    }
-
-    fn bool(&mut self, name: &str, default: bool) -> bool {
-        self.parsed(name, default, parse_bool)
-    }
-
-    fn error(&mut self, name: &str, reason: &str) {
-        let value = self.raw(name).unwrap_or("").to_owned();
-        self.errors.push(ConfigError {
-            var: name.into(),
-            value,
-            reason: reason.into(),
-        });
-    }
-
-    /// A file name inside a directory (no `/`, not `.`/`..`).
-    fn file_name(&mut self, name: &str) -> Option<String> {
-        let v = self.raw(name)?.to_owned();
+/// A file name inside a directory (no `/`, not `.`/`..`).
+fn file_name(env: &mut Env<'_>, name: &str) -> Option<String> {
+    env.parse_opt(name, |v| {
         if v.contains('/') || v == "." || v == ".." {
-            self.error(name, "must be a file name, not a path");
-            return None;
+            Err("must be a file name, not a path")
+        } else {
+            Ok(v.to_owned())
         }
-        Some(v)
-    }
+    })
+}
+
+/// Records `expected` against the variable's current value.
+fn invalid(env: &mut Env<'_>, name: &str, expected: &str) {
+    let value = env.get(name).unwrap_or("");
+    env.fail(name, value, expected);
 }
 
 /// Go `strconv.ParseInt(s, 0, 0)`: `0x` hex, `0o` or leading `0` octal, else decimal.
@@ -194,22 +120,25 @@ fn parse_go_int(s: &str) -> Option<u32> {
 }
 
 /// The installer's settings (see the module docs for names and defaults).
-fn install_config(v: &mut Vars<'_>, run_dir: &Path, host_prefix: &Path) -> InstallConfig {
+fn install_config(v: &mut Env<'_>, run_dir: &Path, host_prefix: &Path) -> InstallConfig {
     let under_prefix = |var: Option<&str>, path: &str| match var {
         Some(p) => Some(PathBuf::from(p)),
         None if host_prefix.as_os_str().is_empty() => None,
         None => Some(join_prefix(host_prefix, path)),
     };
-    let conf_dir = under_prefix(v.raw("MOUNTED_CNI_NET_DIR"), "/etc/cni/net.d");
-    let bin_dir = under_prefix(v.raw("AMBIT_CNI_BIN_DIR"), "/opt/cni/bin");
-    let conf_name = v.file_name("CNI_CONF_NAME");
+    let conf_dir = under_prefix(v.get("MOUNTED_CNI_NET_DIR"), "/etc/cni/net.d");
+    let bin_dir = under_prefix(v.get("AMBIT_CNI_BIN_DIR"), "/opt/cni/bin");
+    let conf_name = file_name(v, "CNI_CONF_NAME");
     let chained = v.bool("CHAINED_CNI_PLUGIN", true);
     let owned = v.bool("ISTIO_OWNED_CNI_CONFIG", false);
-    let owned_name = v
-        .file_name("ISTIO_OWNED_CNI_CONFIG_FILENAME")
+    let owned_name = file_name(v, "ISTIO_OWNED_CNI_CONFIG_FILENAME")
         .unwrap_or_else(|| ISTIO_OWNED_CONF_NAME.to_owned());
     if !owned_name.ends_with(".conflist") {
-        v.error("ISTIO_OWNED_CNI_CONFIG_FILENAME", "must end in .conflist");
+        invalid(
+            v,
+            "ISTIO_OWNED_CNI_CONFIG_FILENAME",
+            "must end in .conflist",
+        );
     }
     let group_read = v.bool("CNI_CONF_GROUP_READ", false);
     // Upstream: the Istio-owned file only exists in chained mode.
@@ -221,36 +150,42 @@ fn install_config(v: &mut Vars<'_>, run_dir: &Path, host_prefix: &Path) -> Insta
             group_read,
         },
     };
-    let kubeconfig_mode = v.parsed("KUBECONFIG_MODE", 0o600, |s| {
-        parse_go_int(s).filter(|m| *m <= 0o7777)
+    let kubeconfig_mode = v.parse("KUBECONFIG_MODE", 0o600, |s| {
+        parse_go_int(s)
+            .filter(|m| *m <= 0o7777)
+            .ok_or("expected a file mode up to 07777 (Go integer syntax: 0600, 0o600, 384, 0x180)")
     });
     let skip_tls_verify = v.bool("SKIP_TLS_VERIFY", false);
-    let kube_api = match v.raw("KUBERNETES_SERVICE_HOST") {
+    let kube_api = match v.get("KUBERNETES_SERVICE_HOST") {
         None => None,
         Some(host) => {
             let host = host.to_owned();
             let port = v.string("KUBERNETES_SERVICE_PORT", "");
             if port.is_empty() {
-                v.errors.push(ConfigError {
-                    var: "KUBERNETES_SERVICE_PORT".into(),
-                    value: String::new(),
-                    reason: "required when KUBERNETES_SERVICE_HOST is set".into(),
-                });
+                v.fail(
+                    "KUBERNETES_SERVICE_PORT",
+                    "",
+                    "required when KUBERNETES_SERVICE_HOST is set",
+                );
             }
             Some(KubeApi {
                 protocol: v.string("KUBERNETES_SERVICE_PROTOCOL", "https"),
                 host,
                 port,
                 service_account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
-                ca_file: v.raw("KUBE_CA_FILE").map(PathBuf::from),
+                ca_file: v.get("KUBE_CA_FILE").map(PathBuf::from),
                 skip_tls_verify,
             })
         }
     };
-    let check_interval = v.parsed(
+    let check_interval = v.parse(
         "AMBIT_INSTALL_CHECK_INTERVAL",
         crate::installer::DEFAULT_CHECK_INTERVAL,
-        |s| parse_duration(s).filter(|d| !d.is_zero()),
+        |s| match parse_duration(s) {
+            Ok(d) if d.is_zero() => Err("must be longer than zero".to_owned()),
+            Ok(d) => Ok(d),
+            Err(e) => Err(e.to_string()),
+        },
     );
     InstallConfig {
         conf_dir,
@@ -270,20 +205,13 @@ fn install_config(v: &mut Vars<'_>, run_dir: &Path, host_prefix: &Path) -> Insta
 
 impl AgentConfig {
     /// Builds the config from `KEY=VALUE` pairs (normally the process environment).
-    pub fn from_vars(vars: &[(String, String)]) -> Result<Self, Vec<ConfigError>> {
-        let mut v = Vars {
-            vars,
-            errors: Vec::new(),
-        };
+    pub fn from_vars(vars: &[(String, String)]) -> Result<Self, ConfigErrors> {
+        let mut v = Env::new(vars);
         let selectors_text = v.string("AMBIENT_ENABLEMENT_SELECTOR", "");
         let selectors = match parse_selectors(&selectors_text) {
             Ok(s) => s,
             Err(reason) => {
-                v.errors.push(ConfigError {
-                    var: "AMBIENT_ENABLEMENT_SELECTOR".into(),
-                    value: selectors_text,
-                    reason,
-                });
+                v.fail("AMBIENT_ENABLEMENT_SELECTOR", &selectors_text, reason);
                 Vec::new()
             }
         };
@@ -296,14 +224,14 @@ impl AgentConfig {
             .collect();
         let host_prefix = PathBuf::from(v.string("AMBIT_HOST_PREFIX", ""));
         let switch_to_host = v.bool("ALLOW_SWITCH_TO_HOST_NS", false);
-        let host_netns = match v.raw("AMBIT_HOST_NETNS") {
+        let host_netns = match v.get("AMBIT_HOST_NETNS") {
             Some(p) => Some(PathBuf::from(p)),
             None if switch_to_host => Some(join_prefix(&host_prefix, "/proc/1/ns/net")),
             None => None,
         };
         let run_dir = PathBuf::from(v.string("CNI_AGENT_RUN_DIR", "/var/run/istio-cni"));
         let install = install_config(&mut v, &run_dir, &host_prefix);
-        let monitoring_port = v.parsed("MONITORING_PORT", 15014u16, |s| s.parse().ok());
+        let monitoring_port = v.parse("MONITORING_PORT", ports::AGENT_METRICS, port);
         let metrics_default = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), monitoring_port);
         let cfg = Self {
             enablement: Enablement {
@@ -319,11 +247,11 @@ impl AgentConfig {
             aws_branch_eni_probe: v.bool("AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE", true),
             node_name: v.string("NODE_NAME", ""),
             pod_namespace: v.string("POD_NAMESPACE", "istio-system"),
-            probe_snat_v4: v.parsed("HOST_PROBE_SNAT_IP", DEFAULT_PROBE_SNAT_V4, |s| {
-                s.parse().ok()
+            probe_snat_v4: v.parse("HOST_PROBE_SNAT_IP", DEFAULT_PROBE_SNAT_V4, |s| {
+                s.parse().map_err(|_| "expected an IPv4 address")
             }),
-            probe_snat_v6: v.parsed("HOST_PROBE_SNAT_IPV6", DEFAULT_PROBE_SNAT_V6, |s| {
-                s.parse().ok()
+            probe_snat_v6: v.parse("HOST_PROBE_SNAT_IPV6", DEFAULT_PROBE_SNAT_V6, |s| {
+                s.parse().map_err(|_| "expected an IPv6 address")
             }),
             zds_socket: v
                 .string("ZTUNNEL_UDS_ADDRESS", "/var/run/ztunnel/ztunnel.sock")
@@ -332,31 +260,37 @@ impl AgentConfig {
             install,
             host_prefix,
             host_netns,
-            health_addr: v.parsed(
+            health_addr: v.parse(
                 "AMBIT_HEALTH_ADDR",
-                SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8000),
-                |s| s.parse().ok(),
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), ports::AGENT_HEALTH),
+                socket_addr,
             ),
-            metrics_addr: v.parsed("AMBIT_METRICS_ADDR", metrics_default, |s| s.parse().ok()),
-            verify_interval: v.parsed(
+            metrics_addr: v.parse("AMBIT_METRICS_ADDR", metrics_default, socket_addr),
+            verify_interval: v.parse(
                 "AMBIT_VERIFY_INTERVAL",
                 Some(Duration::from_secs(10)),
                 |s| parse_duration(s).map(|d| (!d.is_zero()).then_some(d)),
             ),
-            kubelet_uid: v.parsed("AMBIT_KUBELET_UID", 0u32, |s| s.parse().ok()),
+            kubelet_uid: v.parse("AMBIT_KUBELET_UID", 0u32, |s| {
+                s.parse::<u32>().map_err(|_| "expected a numeric uid")
+            }),
             zds: ZdsConfig::default(),
         };
-        if v.errors.is_empty() {
-            Ok(cfg)
-        } else {
-            Err(v.errors)
-        }
+        v.finish("agent", cfg)
     }
 
     /// The netns path to open for a plugin-reported `Netns` (prefix applied).
     pub fn netns_path(&self, netns: &str) -> PathBuf {
         join_prefix(&self.host_prefix, netns)
     }
+}
+
+fn port(s: &str) -> Result<u16, &'static str> {
+    s.parse().map_err(|_| "expected a port number (0-65535)")
+}
+
+fn socket_addr(s: &str) -> Result<SocketAddr, &'static str> {
+    s.parse().map_err(|_| "expected IP:port")
 }
 
 fn join_prefix(prefix: &std::path::Path, path: &str) -> PathBuf {

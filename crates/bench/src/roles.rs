@@ -60,9 +60,7 @@ pub fn cni_agent(pods: &Path) -> ExitCode {
     let cfg = match ambit_agent::AgentConfig::from_vars(&env) {
         Ok(c) => c,
         Err(errors) => {
-            for e in errors {
-                eprintln!("  - {e}");
-            }
+            eprint!("{errors}");
             return ExitCode::from(2);
         }
     };

@@ -33,10 +33,7 @@ pub fn run(
     let cfg = match ambit_agent::AgentConfig::from_vars(&env) {
         Ok(c) => c,
         Err(errors) => {
-            eprintln!("invalid agent configuration ({} problems):", errors.len());
-            for e in errors {
-                eprintln!("  - {e}");
-            }
+            eprint!("{errors}");
             return ExitCode::from(2);
         }
     };

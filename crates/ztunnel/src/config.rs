@@ -1,22 +1,23 @@
 //! ztunnel configuration: the same environment variables and defaults as upstream
 //! (`spec/ztunnel.md` §9), parsed in one place into a typed [`Config`].
 //!
-//! [`Config::from_vars`] takes a lookup function instead of reading the process environment, so
-//! the library stays environment-free and every rule is unit-testable. All invalid variables are
+//! [`Config::from_vars`] takes the variables instead of reading the process environment, so
+//! the library stays environment-free and every rule is unit-testable. The reading goes through
+//! the node contract's one reader ([`ambit_contract::env::Env`]): all invalid variables are
 //! collected and reported together ([`ConfigErrors`]), so an operator fixes a broken manifest in
-//! one round trip instead of one variable per restart.
-
-mod duration;
+//! one round trip instead of one variable per restart. Booleans are Go's `ParseBool`, durations
+//! Go's `ParseDuration` plus bare seconds ([`ambit_contract::values`]).
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ambit_contract::env::Env;
+use ambit_contract::values::parse_bool;
 use serde::Serialize;
 
-pub use duration::parse_duration;
+pub use ambit_contract::env::{EnvError as ConfigError, EnvErrors as ConfigErrors};
 
 use ambit_contract::{marks, ports};
 
@@ -183,113 +184,10 @@ pub struct Config {
     pub rust_log: String,
 }
 
-/// One invalid variable.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{var}={value:?}: {reason}")]
-pub struct ConfigError {
-    pub var: &'static str,
-    pub value: String,
-    pub reason: String,
-}
-
-/// Every invalid variable found, reported together.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "invalid ztunnel configuration ({} problems):",
-            self.0.len()
-        )?;
-        for e in &self.0 {
-            writeln!(f, "  - {e}")?;
-        }
-        Ok(())
-    }
-}
-
 mod duration_str {
     use std::time::Duration;
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format!("{d:?}"))
-    }
-}
-
-/// Reads variables through a lookup function and records every error.
-struct Reader<'a> {
-    get: &'a dyn Fn(&str) -> Option<String>,
-    errors: Vec<ConfigError>,
-}
-
-impl Reader<'_> {
-    fn raw(&self, var: &str) -> Option<String> {
-        (self.get)(var)
-    }
-
-    /// A set, non-empty variable.
-    fn string(&self, var: &str) -> Option<String> {
-        self.raw(var).filter(|v| !v.is_empty())
-    }
-
-    fn fail(&mut self, var: &'static str, value: &str, reason: impl Into<String>) {
-        self.errors.push(ConfigError {
-            var,
-            value: value.to_string(),
-            reason: reason.into(),
-        });
-    }
-
-    fn parse<T>(
-        &mut self,
-        var: &'static str,
-        default: T,
-        parse: impl Fn(&str) -> Result<T, String>,
-    ) -> T {
-        match self.string(var) {
-            None => default,
-            Some(v) => match parse(&v) {
-                Ok(t) => t,
-                Err(reason) => {
-                    self.fail(var, &v, reason);
-                    default
-                }
-            },
-        }
-    }
-
-    fn bool(&mut self, var: &'static str, default: bool) -> bool {
-        self.parse(var, default, parse_bool)
-    }
-
-    fn duration(&mut self, var: &'static str, default: Duration) -> Duration {
-        self.parse(var, default, parse_duration)
-    }
-
-    fn number<T: std::str::FromStr>(&mut self, var: &'static str, default: T) -> T
-    where
-        T::Err: fmt::Display,
-    {
-        self.parse(var, default, |v| {
-            v.trim().parse::<T>().map_err(|e| e.to_string())
-        })
-    }
-
-    fn prefixed(&self, prefix: &str, all: &[(String, String)]) -> BTreeMap<String, String> {
-        all.iter()
-            .filter_map(|(k, v)| k.strip_prefix(prefix).map(|n| (n.to_string(), v.clone())))
-            .filter(|(k, _)| !k.is_empty())
-            .collect()
-    }
-}
-
-/// Go `strconv.ParseBool` semantics, which upstream's env parsing follows.
-pub fn parse_bool(v: &str) -> Result<bool, String> {
-    match v {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err("expected a boolean (true/false/1/0)".into()),
     }
 }
 
@@ -410,20 +308,14 @@ impl Config {
         cpus: usize,
         path_exists: &dyn Fn(&std::path::Path) -> bool,
     ) -> Result<Config, ConfigErrors> {
-        let map: BTreeMap<&str, &str> =
-            vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let get = |k: &str| map.get(k).map(|v| v.to_string());
-        let mut r = Reader {
-            get: &get,
-            errors: Vec::new(),
-        };
+        let mut r = Env::new(vars);
 
         let proxy_mode = r.parse("PROXY_MODE", ProxyMode::Shared, |v| match v {
             "shared" => Ok(ProxyMode::Shared),
             "dedicated" => Ok(ProxyMode::Dedicated),
-            _ => Err("expected shared or dedicated".into()),
+            _ => Err("expected shared or dedicated"),
         });
-        let proxy_workload_info = match r.string("PROXY_WORKLOAD_INFO") {
+        let proxy_workload_info = match r.get("PROXY_WORKLOAD_INFO").map(str::to_owned) {
             None => None,
             Some(v) => match parse_workload_info(&v) {
                 Ok(i) => Some(i),
@@ -435,7 +327,7 @@ impl Config {
         };
         if proxy_mode == ProxyMode::Dedicated
             && proxy_workload_info.is_none()
-            && r.string("PROXY_WORKLOAD_INFO").is_none()
+            && r.get("PROXY_WORKLOAD_INFO").is_none()
         {
             r.fail(
                 "PROXY_WORKLOAD_INFO",
@@ -444,7 +336,7 @@ impl Config {
             );
         }
 
-        let in_k8s = r.string("KUBERNETES_SERVICE_HOST").is_some();
+        let in_k8s = r.get("KUBERNETES_SERVICE_HOST").is_some();
         let default_cp = if in_k8s {
             "https://istiod.istio-system.svc:15012"
         } else {
@@ -452,22 +344,22 @@ impl Config {
         };
         // XDS_ADDRESS="" (set but empty) disables xDS; unset uses the default.
         let xds_address = match r.raw("XDS_ADDRESS") {
-            Some(v) if v.is_empty() => None,
-            Some(v) => match parse_address(&v) {
+            Some("") => None,
+            Some(v) => match parse_address(v) {
                 Ok(a) => Some(a),
                 Err(e) => {
-                    r.fail("XDS_ADDRESS", &v, e);
+                    r.fail("XDS_ADDRESS", v, e);
                     None
                 }
             },
             None => Some(default_cp.to_string()),
         };
         let ca_address = match r.raw("CA_ADDRESS") {
-            Some(v) if v.is_empty() => None,
-            Some(v) => match parse_address(&v) {
+            Some("") => None,
+            Some(v) => match parse_address(v) {
                 Ok(a) => Some(a),
                 Err(e) => {
-                    r.fail("CA_ADDRESS", &v, e);
+                    r.fail("CA_ADDRESS", v, e);
                     None
                 }
             },
@@ -483,10 +375,10 @@ impl Config {
         let default_root = RootCert::File(PathBuf::from(DEFAULT_ROOT_CA));
         let xds_root_cert = r.parse("XDS_ROOT_CA", default_root.clone(), parse_root_cert);
         let ca_root_cert = r.parse("CA_ROOT_CA", default_root, parse_root_cert);
-        let alt_xds_hostname = r.string("ALT_XDS_HOSTNAME");
-        let alt_ca_hostname = r.string("ALT_CA_HOSTNAME");
+        let alt_xds_hostname = r.get("ALT_XDS_HOSTNAME").map(str::to_owned);
+        let alt_ca_hostname = r.get("ALT_CA_HOSTNAME").map(str::to_owned);
 
-        let auth_token = match r.string("AUTH_TOKEN") {
+        let auth_token = match r.get("AUTH_TOKEN").map(str::to_owned) {
             Some(v) if path_exists(std::path::Path::new(&v)) => Some(AuthToken::File(v.into())),
             Some(v) if v.starts_with('/') || v.starts_with("./") => {
                 // Looks like a path that does not exist (yet): keep it as a file so a token
@@ -500,7 +392,10 @@ impl Config {
             None => None,
         };
 
-        let local_xds = match (r.string("LOCAL_XDS_PATH"), r.string("LOCAL_XDS")) {
+        let local_xds = match (
+            r.get("LOCAL_XDS_PATH").map(str::to_owned),
+            r.get("LOCAL_XDS").map(str::to_owned),
+        ) {
             (Some(p), None) => Some(LocalXds::Path(p.into())),
             (None, Some(y)) => Some(LocalXds::Inline(y)),
             (None, None) => None,
@@ -517,7 +412,7 @@ impl Config {
         let secret_ttl = r.duration("SECRET_TTL", Duration::from_secs(86400));
         // Short lifetimes are legitimate in tests of rotation; below a second the half-life
         // refresh would spin.
-        if secret_ttl < Duration::from_secs(1) && r.string("SECRET_TTL").is_some() {
+        if secret_ttl < Duration::from_secs(1) && r.get("SECRET_TTL").is_some() {
             r.fail(
                 "SECRET_TTL",
                 &format!("{secret_ttl:?}"),
@@ -525,21 +420,23 @@ impl Config {
             );
         }
 
-        let proxy_metadata = r.prefixed("ISTIO_META_", vars);
+        let proxy_metadata = r.prefixed("ISTIO_META_");
         let cluster_id = r
-            .string("CLUSTER_ID")
+            .get("CLUSTER_ID")
+            .map(str::to_owned)
             .or_else(|| proxy_metadata.get("CLUSTER_ID").cloned())
             .unwrap_or_else(|| "Kubernetes".into());
         let cluster_domain = r
-            .string("CLUSTER_DOMAIN")
+            .get("CLUSTER_DOMAIN")
+            .map(str::to_owned)
             .unwrap_or_else(|| "cluster.local".into());
-        let trust_domain = r.string("TRUST_DOMAIN");
+        let trust_domain = r.get("TRUST_DOMAIN").map(str::to_owned);
         if let Some(td) = &trust_domain {
             if td.contains('/') || td.chars().any(char::is_whitespace) {
                 r.fail("TRUST_DOMAIN", td, "must not contain '/' or whitespace");
             }
         }
-        let network = r.string("NETWORK").unwrap_or_default();
+        let network = r.get("NETWORK").map(str::to_owned).unwrap_or_default();
         let instance_ip = r.parse("INSTANCE_IP", IpAddr::V4(Ipv4Addr::new(1, 1, 1, 1)), |v| {
             v.parse().map_err(|_| "expected an IP address".to_string())
         });
@@ -576,7 +473,7 @@ impl Config {
             );
         }
 
-        let enable_orig_src = match r.string("ENABLE_ORIG_SRC") {
+        let enable_orig_src = match r.get("ENABLE_ORIG_SRC").map(str::to_owned) {
             None => None,
             Some(v) => match parse_bool(&v) {
                 Ok(b) => Some(b),
@@ -615,30 +512,31 @@ impl Config {
             user_timeout_enabled: r.bool("USER_TIMEOUT_ENABLED", false),
         };
 
-        let connection_termination_deadline = match r.string("CONNECTION_TERMINATION_DEADLINE") {
-            Some(_) => r.duration("CONNECTION_TERMINATION_DEADLINE", Duration::from_secs(5)),
-            None => match r.string("TERMINATION_GRACE_PERIOD_SECONDS") {
-                None => Duration::from_secs(5),
-                Some(v) => match v.parse::<u64>() {
-                    // Leave the kubelet time to SIGKILL after our own forced close.
-                    Ok(g) if g <= 10 => Duration::from_secs(g.saturating_sub(1)),
-                    Ok(g) => Duration::from_secs(g - 5),
-                    Err(_) => {
-                        r.fail("TERMINATION_GRACE_PERIOD_SECONDS", &v, "expected seconds");
-                        Duration::from_secs(5)
-                    }
+        let connection_termination_deadline =
+            match r.get("CONNECTION_TERMINATION_DEADLINE").map(str::to_owned) {
+                Some(_) => r.duration("CONNECTION_TERMINATION_DEADLINE", Duration::from_secs(5)),
+                None => match r.get("TERMINATION_GRACE_PERIOD_SECONDS").map(str::to_owned) {
+                    None => Duration::from_secs(5),
+                    Some(v) => match v.parse::<u64>() {
+                        // Leave the kubelet time to SIGKILL after our own forced close.
+                        Ok(g) if g <= 10 => Duration::from_secs(g.saturating_sub(1)),
+                        Ok(g) => Duration::from_secs(g - 5),
+                        Err(_) => {
+                            r.fail("TERMINATION_GRACE_PERIOD_SECONDS", &v, "expected seconds");
+                            Duration::from_secs(5)
+                        }
+                    },
                 },
-            },
-        };
+            };
 
         // Worker threads: explicit setting, else CPU limit, else max(2, ceil(cpus/4), request).
         let cpu_request = r.parse("ZTUNNEL_RESOURCE_CPU_REQUEST", 0, parse_cpu_quantity);
         let default_workers = 2.max(cpus.div_ceil(4)).max(cpu_request);
-        let worker_threads = if r.string("ZTUNNEL_WORKER_THREADS").is_some() {
+        let worker_threads = if r.get("ZTUNNEL_WORKER_THREADS").is_some() {
             r.parse("ZTUNNEL_WORKER_THREADS", default_workers, |v| {
                 parse_worker_threads(v, cpus)
             })
-        } else if r.string("ZTUNNEL_CPU_LIMIT").is_some() {
+        } else if r.get("ZTUNNEL_CPU_LIMIT").is_some() {
             r.parse("ZTUNNEL_CPU_LIMIT", default_workers, parse_cpu_quantity)
         } else {
             r.parse(
@@ -652,9 +550,12 @@ impl Config {
         let log_format = r.parse("LOG_FORMAT", LogFormat::Plain, |v| match v {
             "plain" | "text" => Ok(LogFormat::Plain),
             "json" => Ok(LogFormat::Json),
-            _ => Err("expected plain or json".into()),
+            _ => Err("expected plain or json"),
         });
-        let rust_log = r.string("RUST_LOG").unwrap_or_else(|| "info".into());
+        let rust_log = r
+            .get("RUST_LOG")
+            .map(str::to_owned)
+            .unwrap_or_else(|| "info".into());
 
         let unspecified: IpAddr = if ipv6_enabled {
             std::net::Ipv6Addr::UNSPECIFIED.into()
@@ -666,7 +567,8 @@ impl Config {
             proxy_mode,
             proxy_workload_info,
             inpod_uds: r
-                .string("INPOD_UDS")
+                .get("INPOD_UDS")
+                .map(str::to_owned)
                 .unwrap_or_else(|| "/var/run/ztunnel/ztunnel.sock".into())
                 .into(),
             inpod_port_reuse: r.bool("INPOD_PORT_REUSE", true),
@@ -674,12 +576,12 @@ impl Config {
             xds_address,
             xds_root_cert,
             alt_xds_hostname,
-            xds_headers: r.prefixed("XDS_HEADER_", vars),
+            xds_headers: r.prefixed("XDS_HEADER_"),
             xds_on_demand,
             ca_address,
             ca_root_cert,
             alt_ca_hostname,
-            ca_headers: r.prefixed("CA_HEADER_", vars),
+            ca_headers: r.prefixed("CA_HEADER_"),
             auth_token,
             local_xds,
             secret_ttl,
@@ -687,12 +589,12 @@ impl Config {
             cluster_domain,
             trust_domain,
             network,
-            node_name: r.string("NODE_NAME"),
-            pod_name: r.string("POD_NAME"),
-            pod_namespace: r.string("POD_NAMESPACE"),
-            service_account: r.string("SERVICE_ACCOUNT"),
+            node_name: r.get("NODE_NAME").map(str::to_owned),
+            pod_name: r.get("POD_NAME").map(str::to_owned),
+            pod_namespace: r.get("POD_NAMESPACE").map(str::to_owned),
+            service_account: r.get("SERVICE_ACCOUNT").map(str::to_owned),
             instance_ip,
-            prefered_service_namespace: r.string("PREFERED_SERVICE_NAMESPACE"),
+            prefered_service_namespace: r.get("PREFERED_SERVICE_NAMESPACE").map(str::to_owned),
             istio_version: proxy_metadata
                 .get("ISTIO_VERSION")
                 .cloned()
@@ -701,7 +603,8 @@ impl Config {
             dns_proxy: dns_capture,
             dns_proxy_addr,
             dns_resolv_conf: r
-                .string("AMBIT_DNS_RESOLV_CONF")
+                .get("AMBIT_DNS_RESOLV_CONF")
+                .map(str::to_owned)
                 .unwrap_or_else(|| "/etc/resolv.conf".into())
                 .into(),
             socks5: r.bool("UNSTABLE_ENABLE_SOCKS5", false),
@@ -722,10 +625,7 @@ impl Config {
             log_format,
             rust_log,
         };
-        if !r.errors.is_empty() {
-            return Err(ConfigErrors(r.errors));
-        }
-        Ok(cfg)
+        r.finish("ztunnel", cfg)
     }
 
     /// The configuration as JSON, for the "running with config" start-up log and
@@ -867,7 +767,8 @@ mod tests {
             ("HTTP2_CONNECTION_WINDOW_SIZE", "99999999999"),
             ("HTTP2_FRAME_SIZE", "100"),
             ("POOL_MAX_STREAMS_PER_CONNECTION", "0"),
-            ("POOL_UNUSED_RELEASE_TIMEOUT", "5"),
+            // A bare number is whole seconds (upstream accepts it); a unit must be one Go knows.
+            ("POOL_UNUSED_RELEASE_TIMEOUT", "5d"),
             ("CONNECTION_TERMINATION_DEADLINE", "soon"),
             ("ZTUNNEL_WORKER_THREADS", "many"),
             ("LOG_FORMAT", "xml"),
@@ -877,7 +778,7 @@ mod tests {
             ("FAKE_CA", "true"),
         ];
         let errs = load(&bad).unwrap_err();
-        let named: Vec<&str> = errs.0.iter().map(|e| e.var).collect();
+        let named: Vec<&str> = errs.iter().map(|e| e.var.as_str()).collect();
         for (var, _) in bad {
             assert!(named.contains(&var), "{var} not reported; got {named:?}");
         }
@@ -897,7 +798,7 @@ mod tests {
         ];
         for (pairs, var) in cases {
             let errs = load(pairs).unwrap_err();
-            assert!(errs.0.iter().any(|e| e.var == *var), "{pairs:?}: {errs}");
+            assert!(errs.iter().any(|e| e.var == *var), "{pairs:?}: {errs}");
         }
     }
 

@@ -73,10 +73,9 @@ impl MeshError {
 /// Go `strconv.ParseBool`; invalid values are ignored (with a warning) per §2.
 fn annotation_bool(pod: &Pod, key: &str) -> Option<bool> {
     let v = pod.annotations.get(key)?;
-    match v.as_str() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => {
+    match ambit_contract::values::parse_bool(v) {
+        Ok(b) => Some(b),
+        Err(_) => {
             tracing::warn!(pod = %pod.name, annotation = key, value = %v, "ignoring invalid boolean");
             None
         }

@@ -129,7 +129,7 @@ pub fn convert(
     };
     let dry_run = match meta.annotations.get(DRY_RUN_ANNOTATION) {
         None => false,
-        Some(v) => parse_go_bool(v).unwrap_or_else(|| {
+        Some(v) => ambit_contract::values::parse_bool(v).unwrap_or_else(|_| {
             warnings.push(format!(
                 "{label}: annotation {DRY_RUN_ANNOTATION}={v:?} is not a boolean; ignored"
             ));
@@ -432,13 +432,4 @@ fn service_accounts(
             })
         })
         .collect()
-}
-
-/// Go's `strconv.ParseBool`, which Istio uses for boolean annotations.
-fn parse_go_bool(v: &str) -> Option<bool> {
-    match v {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
 }
