@@ -302,25 +302,28 @@ pub fn restart(args: RestartArgs) -> ExitCode {
         RestartComponent::Ztunnel => Component::Ztunnel,
         RestartComponent::Agent => Component::Agent,
     };
-    if component == Component::Ztunnel {
-        // The orchestrator replaces it with an overlap (it owns the namespaces).
-        let req = ambit_mesh::api::Request {
-            op: ambit_mesh::api::Op::RestartZtunnel,
-            file: String::new(),
-            text: String::new(),
-            node: Some(args.node.clone()),
-        };
-        match ambit_mesh::api::request(&run, &req) {
-            Ok(resp) => return answered(&resp, "ambit restart"),
-            Err(ambit_mesh::api::ApiError::Connect { .. }) => {
-                say(
-                    "no orchestrator answers: stopping the old ztunnel before starting the new one",
-                );
-            }
-            Err(e) => {
-                eprintln!("ambit restart: {e}");
-                return ExitCode::FAILURE;
-            }
+    // A running orchestrator does it: it replaces a ztunnel with an overlap (it owns the
+    // namespaces), and its supervisor must not take the old process's exit for a crash.
+    let (op, what) = match component {
+        Component::Ztunnel => (ambit_mesh::api::Op::RestartZtunnel, "ztunnel"),
+        Component::Agent => (ambit_mesh::api::Op::RestartAgent, "agent"),
+    };
+    let req = ambit_mesh::api::Request {
+        op,
+        file: String::new(),
+        text: String::new(),
+        node: Some(args.node.clone()),
+    };
+    match ambit_mesh::api::request(&run, &req) {
+        Ok(resp) => return answered(&resp, "ambit restart"),
+        Err(ambit_mesh::api::ApiError::Connect { .. }) => {
+            say(&format!(
+                "no orchestrator answers: stopping the old {what} before starting the new one"
+            ));
+        }
+        Err(e) => {
+            eprintln!("ambit restart: {e}");
+            return ExitCode::FAILURE;
         }
     }
     match ambit_mesh::restart::restart(

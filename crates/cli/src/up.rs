@@ -167,15 +167,12 @@ pub fn up(args: UpArgs) -> ExitCode {
         if let Some(api) = &api {
             api.poll(&mut mesh);
         }
-        for exit in mesh.poll_exits() {
-            progress(&format!(
-                "! {} exited ({}); log: {}",
-                exit.role,
-                exit.status,
-                exit.log
-                    .map(|l| l.display().to_string())
-                    .unwrap_or_default()
-            ));
+        for event in mesh.supervise() {
+            let mark = match event {
+                ambit_mesh::supervise::Event::Restarted { .. } => '·',
+                _ => '!',
+            };
+            progress(&format!("{mark} {event}"));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -311,7 +308,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
         Output::Table => {
             let yes = |b: bool| if b { "yes" } else { "no" }.to_string();
             say(&format!(
-                "mesh {} ({:?}), orchestrator {}, control plane {} at {}",
+                "mesh {} ({:?}), orchestrator {}, control plane {} at {} ({} restarts)",
                 st.prefix,
                 st.phase,
                 if st.orchestrator { "running" } else { "gone" },
@@ -323,7 +320,8 @@ pub fn status(args: StatusArgs) -> ExitCode {
                 st.control
                     .address
                     .map(|a| a.to_string())
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                st.control.restarts
             ));
             say("");
             let mut rows = vec![[
@@ -332,6 +330,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                 "ZTUNNEL IP".into(),
                 "AGENT READY".into(),
                 "ZTUNNEL READY".into(),
+                "RESTARTS (agent/ztunnel)".into(),
                 "UNPROTECTED PODS".into(),
                 "CERTIFICATES (expiry)".into(),
             ]];
@@ -353,6 +352,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                     n.ztunnel_ip.map_or("-".into(), |ip| ip.to_string()),
                     yes(n.agent.ready),
                     yes(n.ztunnel.ready),
+                    format!("{}/{}", n.agent.restarts, n.ztunnel.restarts),
                     n.unprotected_pods.map_or("?".into(), |v| v.to_string()),
                     if certs.is_empty() {
                         "-".into()
@@ -372,6 +372,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                 "ENROLLED".into(),
                 "REDIRECTION".into(),
                 "RUNNING".into(),
+                "RESTARTS".into(),
             ]];
             for p in &st.pods {
                 rows.push([
@@ -383,6 +384,7 @@ pub fn status(args: StatusArgs) -> ExitCode {
                     yes(p.enrolled),
                     p.redirection.clone().unwrap_or_else(|| "-".into()),
                     yes(p.running),
+                    p.restarts.to_string(),
                 ]);
             }
             table(&rows, say);

@@ -1,30 +1,13 @@
 //! Every command that prints survives a closed standard output (`ambit … | head`): it exits
 //! quietly with success instead of panicking in `println!`. Every printing command goes
 //! through the one writer in `src/out.rs`; `ambit status` is also checked this way on a
-//! running mesh (`mesh_up.rs`).
+//! running mesh (`mesh_up.rs`, `a_killed_component_is_restarted`).
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Stdio};
-
-/// Runs `ambit ARGS` with stdout a pipe whose read end is already closed.
-fn run_into_closed_pipe(args: &[&str]) -> (Option<i32>, String) {
-    // The write end of a pipe whose only reader (`true`) has exited.
-    let mut reader = Command::new("true").stdin(Stdio::piped()).spawn().unwrap();
-    let writer = reader.stdin.take().unwrap();
-    assert!(reader.wait().unwrap().success());
-    let out = Command::new(env!("CARGO_BIN_EXE_ambit"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+#[path = "support/pipe.rs"]
+mod pipe;
+use pipe::run_into_closed_pipe;
 
 #[test]
 fn printing_to_a_closed_pipe_exits_quietly() {
@@ -33,7 +16,8 @@ fn printing_to_a_closed_pipe_exits_quietly() {
         &["completions", "bash"],
         &["completions", "zsh"],
     ] {
-        let (code, stderr) = run_into_closed_pipe(args);
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+        let (code, stderr) = run_into_closed_pipe(&args);
         assert_eq!(code, Some(0), "ambit {args:?}: {stderr}");
         assert!(stderr.is_empty(), "ambit {args:?}: {stderr}");
     }

@@ -4,7 +4,8 @@
 //! pod, a live label change un-enrolling and re-enrolling it, a bad manifest leaving the mesh
 //! untouched), `ambit down` leaving no namespace, process or socket behind — also after `up`
 //! was SIGKILLed or interrupted with Ctrl-C while starting — and bad manifests refused
-//! (naming file and document) without creating anything. Needs root (network namespaces).
+//! (naming file and document) without creating anything; components that die are restarted
+//! (`a_killed_component_is_restarted`). Needs root (network namespaces).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +14,9 @@ use std::time::{Duration, Instant};
 #[path = "support/embedded.rs"]
 mod embedded;
 use embedded::*;
+#[path = "support/pipe.rs"]
+mod pipe;
+use pipe::run_into_closed_pipe;
 
 #[test]
 fn up_status_exec_down() {
@@ -428,4 +432,93 @@ fn ctrl_c_while_starting_removes_everything() {
     up.down_on_drop = false;
     let left = leftovers(&prefix, &pids, &run);
     assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// `ambit up` supervises its components as a kubelet does (`restartPolicy: Always`): a
+/// SIGKILLed ztunnel is started again by itself and its node's pods are reachable again,
+/// `ambit status` counts the restart (table and JSON) and the orchestrator logs it; `ambit
+/// status` into a closed pipe exits quietly; and `ambit down` right after a crash never
+/// leaves the restarted component behind.
+#[test]
+fn a_killed_component_is_restarted() {
+    if !ambit_netns::testing::netns_capable_or_skip("a_killed_component_is_restarted") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut up = Up::start(&example(), &run);
+    up.wait_ready();
+    let server_ip = pod_status(&run, "server").unwrap()["ip"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let server = format!("http://{server_ip}:8080/");
+    eventually_get(&run, "client", &server, true);
+
+    // `ambit status | head -1`: stdout closed early.
+    let (code, stderr) =
+        run_into_closed_pipe(&["status".as_ref(), "--run-dir".as_ref(), run.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+
+    // The server's node loses its ztunnel; the supervisor starts it again.
+    let node2 = |status: &serde_json::Value| {
+        status["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == "node2")
+            .cloned()
+            .expect("node2 in status")
+    };
+    assert_eq!(node2(&status_json(&run))["ztunnel"]["restarts"], 0);
+    let killed = component_pid(&run, "ztunnel", "node2");
+    kill9(killed);
+    up.wait_line("ztunnel/node2 exited", Duration::from_secs(10));
+    let line = up.wait_line("ztunnel/node2 restarted", Duration::from_secs(10));
+    assert!(line.contains("restart 1"), "{line}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = node2(&status_json(&run));
+        if n["ztunnel"]["ready"] == true && n["ztunnel"]["running"] == true {
+            assert_eq!(n["ztunnel"]["restarts"], 1, "{n}");
+            assert_eq!(n["agent"]["restarts"], 0, "{n}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ztunnel not back: {n}\n{}",
+            logs(&run)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_ne!(component_pid(&run, "ztunnel", "node2"), killed);
+    assert!(!alive(killed));
+    eventually_get(&run, "client", &server, true);
+    eventually_get(&run, "intruder", &server, false);
+    eventually_get(&run, "outsider", &server, false);
+    let table = stdout(&ambit(&run, &["status"]));
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("node2"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(table.contains("RESTARTS (agent/ztunnel)"), "{table}");
+    assert!(row.contains(" 0/1 "), "{row}");
+
+    // A crash right before `ambit down`: whatever the supervisor starts is stopped too.
+    let state = up.state();
+    let (prefix, pids) = recorded(&state);
+    kill9(component_pid(&run, "agent", "node1"));
+    let out = ambit(&run, &["down"]);
+    assert!(out.status.success(), "{out:?}");
+    let status = wait_exit(
+        &mut up.child,
+        Duration::from_secs(30),
+        "ambit up did not exit after down",
+    );
+    assert!(status.success(), "up exit status {status}");
+    let left = leftovers(&prefix, &pids, &run);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    let procs = processes_mentioning(&run);
+    assert!(procs.is_empty(), "processes left behind: {procs:#?}");
 }

@@ -34,6 +34,9 @@ pub enum Op {
     /// Replace a node's ztunnel with an overlap (`node` names it).
     #[serde(rename = "restart-ztunnel")]
     RestartZtunnel,
+    /// Restart a node's agent (`node` names it): stop, start, wait until ready.
+    #[serde(rename = "restart-agent")]
+    RestartAgent,
 }
 
 /// One request.
@@ -45,7 +48,7 @@ pub struct Request {
     pub file: String,
     #[serde(default)]
     pub text: String,
-    /// The node, for `restart-ztunnel`.
+    /// The node, for `restart-ztunnel` and `restart-agent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
 }
@@ -178,6 +181,17 @@ fn handle(mesh: &mut Mesh, req: &Request) -> Response {
             .map(|r| {
                 vec![format!(
                     "{} restarted: pid {} -> {} (overlapping hand-off)",
+                    r.role,
+                    r.old_pid.map_or("-".into(), |p| p.to_string()),
+                    r.new_pid
+                )]
+            })
+            .map_err(|e| e.to_string()),
+        Op::RestartAgent => mesh
+            .restart_agent(req.node.as_deref().unwrap_or_default())
+            .map(|r| {
+                vec![format!(
+                    "{} restarted: pid {} -> {} (ready)",
                     r.role,
                     r.old_pid.map_or("-".into(), |p| p.to_string()),
                     r.new_pid

@@ -283,6 +283,7 @@ impl Mesh {
             tracing::warn!(pod = %key, "pod process did not stop");
         }
         self.children.retain(|(r, _)| r.role != role);
+        self.supervisor.forget(&role);
         self.state.processes.retain(|r| r.role != role);
         if pod.created
             && let Err(e) = self.cni(&pod, "DEL")

@@ -20,6 +20,7 @@
 //! | [`api`] | the orchestrator's request socket `api.sock` (server and client) |
 //! | [`pod_source`] | the node agents' pod source: a watched manifest directory, annotations to files |
 //! | [`restart`] | running a node's ztunnel or agent again from its recorded command |
+//! | [`supervise`] | restarting what exits on its own (kubelet's `restartPolicy: Always`) |
 //! | `probe` | TCP/HTTP from inside a namespace |
 //!
 //! Layout of a run directory: `state.json`; `api.sock`; `manifests/mesh.yaml` (what `ambit
@@ -43,6 +44,7 @@ pub mod process;
 pub mod restart;
 pub mod state;
 pub mod status;
+pub mod supervise;
 pub mod up;
 pub mod ztunnel_config;
 

@@ -10,11 +10,15 @@
 //! move to the new listeners) and its namespace removed.
 //!
 //! The agent runs in the node namespace (host network, as upstream), so its restart is
-//! stop-then-start ([`restart`]): the old agent is stopped (SIGTERM: it keeps its pods'
-//! rules), the new one started and waited for until ready. This path also restarts a
-//! ztunnel when no orchestrator runs.
+//! stop-then-start ([`Mesh::restart_agent`], run by the orchestrator on `ambit restart
+//! agent`, so its supervisor does not take the stop for a crash): the old agent is stopped
+//! (SIGTERM: it keeps its pods' rules), the new one started and waited for until ready.
+//! [`restart`] does the same from the run directory alone, when no orchestrator runs (for a
+//! ztunnel too).
 
 use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use ambit_netns::{NetnsFd, set_command_netns};
@@ -130,25 +134,42 @@ pub fn restart(
         ),
         Component::Agent => crate::probe::ok(&netns, n.agent_health, "/readyz"),
     };
+    await_ready(&mut child, ready, timeout, &role, new_pid, &log)?;
+    Ok(Restarted {
+        role,
+        old_pid,
+        new_pid,
+    })
+}
+
+/// Polls `ready` until it holds, for up to `timeout`; fails early when `child` exits.
+fn await_ready(
+    child: &mut Child,
+    mut ready: impl FnMut() -> bool,
+    timeout: Duration,
+    role: &Role,
+    pid: u32,
+    log: &Path,
+) -> Result<(), RestartError> {
     let deadline = Instant::now() + timeout;
-    let log = log.display().to_string();
+    let log = || log.display().to_string();
     loop {
         if ready() {
-            return Ok(Restarted {
-                role,
-                old_pid,
-                new_pid,
-            });
+            return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(RestartError::Exited { role, status, log });
+            return Err(RestartError::Exited {
+                role: role.clone(),
+                status,
+                log: log(),
+            });
         }
         if Instant::now() >= deadline {
             return Err(RestartError::NotReady {
-                role,
-                pid: new_pid,
+                role: role.clone(),
+                pid,
                 timeout,
-                log,
+                log: log(),
             });
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -221,44 +242,29 @@ impl Mesh {
         let new_record = record.clone();
         self.state.processes.push(record);
         self.run.save(&self.state)?;
-        let timeout = self.cfg.timeout;
-        let deadline = Instant::now() + timeout;
-        let log_text = log.display().to_string();
         let ready = SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_READINESS));
-        loop {
-            if crate::probe::ok(&new_pod.netns, ready, "/healthz/ready") {
-                break;
+        let netns = new_pod.netns.clone();
+        if let Err(e) = await_ready(
+            &mut child,
+            || crate::probe::ok(&netns, ready, "/healthz/ready"),
+            self.cfg.timeout,
+            &role,
+            new_pid,
+            &log,
+        ) {
+            // The old ztunnel keeps serving; remove the new one's traces.
+            let _ = child.kill();
+            let _ = child.wait();
+            self.state.processes.retain(|p| p != &new_record);
+            if let Some(t) = self.topology.as_mut() {
+                let _ = t.remove_pod(&name);
             }
-            let failed = if let Ok(Some(status)) = child.try_wait() {
-                Some(RestartError::Exited {
-                    role: role.clone(),
-                    status,
-                    log: log_text.clone(),
-                })
-            } else if Instant::now() >= deadline {
-                Some(RestartError::NotReady {
-                    role: role.clone(),
-                    pid: new_pid,
-                    timeout,
-                    log: log_text.clone(),
-                })
-            } else {
-                None
-            };
-            if let Some(e) = failed {
-                // The old ztunnel keeps serving; remove the new one's traces.
-                let _ = child.kill();
-                let _ = child.wait();
-                self.state.processes.retain(|p| p != &new_record);
-                if let Some(t) = self.topology.as_mut() {
-                    let _ = t.remove_pod(&name);
-                }
-                self.run.save(&self.state)?;
-                return Err(e);
-            }
-            std::thread::sleep(Duration::from_millis(100));
+            self.run.save(&self.state)?;
+            return Err(e);
         }
-        self.children.push((new_record, child));
+        self.track(new_record, child);
+        // A restart the supervisor had pending for the old one is moot now.
+        self.supervisor.forget(&role);
         self.state.nodes[ni].ztunnel = Some(new_pod);
         self.run.save(&self.state)?;
         // Now the old one: SIGTERM, it drains (bounded by its own drain deadline).
@@ -281,6 +287,66 @@ impl Mesh {
             return Err(RestartError::Stuck { role, pid: old.pid });
         }
         Ok(Restarted {
+            role,
+            old_pid,
+            new_pid,
+        })
+    }
+}
+
+impl Mesh {
+    /// Restarts `node`'s agent (stop, then start: it runs in the node namespace, as upstream's
+    /// host-network agent) and waits for it to be ready. Run by the orchestrator, so its
+    /// supervisor never takes the deliberate stop for a crash.
+    pub fn restart_agent(&mut self, node: &str) -> Result<Restarted, RestartError> {
+        let Some(n) = self.state.nodes.iter().find(|n| n.name == node).cloned() else {
+            return Err(RestartError::UnknownNode {
+                node: node.to_owned(),
+                known: self
+                    .state
+                    .nodes
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        let role = Role::Agent {
+            node: node.to_owned(),
+        };
+        let (old, spec, log) = recorded(&self.state, &role)?;
+        self.supervisor.forget(&role);
+        let old_pid = process::is_alive(&old).then_some(old.pid);
+        let children = &mut self.children;
+        let left = process::stop_all(std::slice::from_ref(&old), Duration::from_secs(10), || {
+            for (_, c) in children.iter_mut() {
+                let _ = c.try_wait();
+            }
+        });
+        self.children.retain(|(r, _)| r != &old);
+        if !left.is_empty() {
+            return Err(RestartError::Stuck { role, pid: old.pid });
+        }
+        let mut cmd = spec.command();
+        set_command_netns(&mut cmd, &NetnsFd::open(&n.netns)?)?;
+        let (mut child, record) = process::spawn(cmd, role.clone(), &log)?;
+        let new_pid = record.pid;
+        match self.state.processes.iter().position(|p| p == &old) {
+            Some(i) => self.state.processes[i] = record.clone(),
+            None => self.state.processes.push(record.clone()),
+        }
+        self.run.save(&self.state)?;
+        let result = await_ready(
+            &mut child,
+            || crate::probe::ok(&n.netns, n.agent_health, "/readyz"),
+            self.cfg.timeout,
+            &role,
+            new_pid,
+            &log,
+        );
+        // Supervised either way: one that is not ready yet is still the node's agent.
+        self.track(record, child);
+        result.map(|()| Restarted {
             role,
             old_pid,
             new_pid,

@@ -133,7 +133,7 @@ pub enum Phase {
 }
 
 /// What a process is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "kebab-case")]
 pub enum Role {
     Orchestrator,
@@ -272,9 +272,46 @@ pub struct MeshState {
     pub nodes: Vec<NodeState>,
     pub pods: Vec<PodState>,
     pub processes: Vec<ProcessRecord>,
+    /// How often the supervisor restarted each component after it exited on its own
+    /// (deliberate restarts and hand-offs are not counted, as in a pod's `restartCount`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<Restarts>,
+}
+
+/// One component's restart count.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restarts {
+    #[serde(flatten)]
+    pub role: Role,
+    pub count: u32,
 }
 
 impl MeshState {
+    /// How often `role` was restarted by the supervisor.
+    pub fn restarts(&self, role: &Role) -> u32 {
+        self.restarts
+            .iter()
+            .find(|r| &r.role == role)
+            .map_or(0, |r| r.count)
+    }
+
+    /// Counts one more restart of `role`; the new count.
+    pub fn count_restart(&mut self, role: &Role) -> u32 {
+        match self.restarts.iter_mut().find(|r| &r.role == role) {
+            Some(r) => {
+                r.count += 1;
+                r.count
+            }
+            None => {
+                self.restarts.push(Restarts {
+                    role: role.clone(),
+                    count: 1,
+                });
+                1
+            }
+        }
+    }
+
     pub fn pod(&self, query: &str) -> Option<&PodState> {
         find_pod(&self.pods, query)
     }

@@ -26,6 +26,8 @@ pub struct Status {
 pub struct ControlStatus {
     pub address: Option<SocketAddr>,
     pub running: bool,
+    /// How often the supervisor restarted it after it exited on its own.
+    pub restarts: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -47,6 +49,8 @@ pub struct NodeStatus {
 pub struct Component {
     pub running: bool,
     pub ready: bool,
+    /// How often the supervisor restarted it after it exited on its own.
+    pub restarts: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -70,6 +74,8 @@ pub struct PodStatus {
     /// `enrolled` (the orchestrator's) follows.
     pub redirection: Option<String>,
     pub running: bool,
+    /// How often the supervisor restarted the pod's process after it exited on its own.
+    pub restarts: u32,
 }
 
 /// The status of the mesh in `run`; `None` when nothing is recorded there.
@@ -89,22 +95,20 @@ fn collect(run: &RunDir, state: &MeshState) -> Status {
         .nodes
         .iter()
         .map(|n| {
+            let role = Role::Agent {
+                node: n.name.clone(),
+            };
             let agent = Component {
-                running: running(
-                    state,
-                    &Role::Agent {
-                        node: n.name.clone(),
-                    },
-                ),
+                running: running(state, &role),
                 ready: crate::probe::ok(&n.netns, n.agent_health, "/readyz"),
+                restarts: state.restarts(&role),
+            };
+            let role = Role::Ztunnel {
+                node: n.name.clone(),
             };
             let ztunnel = Component {
-                running: running(
-                    state,
-                    &Role::Ztunnel {
-                        node: n.name.clone(),
-                    },
-                ),
+                running: running(state, &role),
+                restarts: state.restarts(&role),
                 ready: crate::probe::ok(
                     n.ztunnel_netns(),
                     SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_READINESS)),
@@ -136,26 +140,27 @@ fn collect(run: &RunDir, state: &MeshState) -> Status {
     let pods = state
         .pods
         .iter()
-        .map(|p| PodStatus {
-            namespace: p.namespace.clone(),
-            name: p.name.clone(),
-            node: p.node.clone(),
-            ip: p.ip,
-            ambient: p.ambient,
-            enrolled: p.enrolled,
-            redirection: std::fs::read_to_string(
-                run.pod_status(&p.node)
-                    .join(format!("{}_{}", p.namespace, p.name)),
-            )
-            .ok()
-            .map(|v| v.trim().to_owned()),
-            running: running(
-                state,
-                &Role::Pod {
-                    namespace: p.namespace.clone(),
-                    name: p.name.clone(),
-                },
-            ),
+        .map(|p| {
+            let role = Role::Pod {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+            };
+            PodStatus {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                node: p.node.clone(),
+                ip: p.ip,
+                ambient: p.ambient,
+                enrolled: p.enrolled,
+                redirection: std::fs::read_to_string(
+                    run.pod_status(&p.node)
+                        .join(format!("{}_{}", p.namespace, p.name)),
+                )
+                .ok()
+                .map(|v| v.trim().to_owned()),
+                running: running(state, &role),
+                restarts: state.restarts(&role),
+            }
         })
         .collect();
     Status {
@@ -165,6 +170,7 @@ fn collect(run: &RunDir, state: &MeshState) -> Status {
         control: ControlStatus {
             address: state.control_address,
             running: running(state, &Role::Control),
+            restarts: state.restarts(&Role::Control),
         },
         nodes,
         pods,

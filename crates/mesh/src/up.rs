@@ -120,6 +120,8 @@ pub enum UpError {
     CniConfig { path: PathBuf, reason: String },
     #[error("interrupted")]
     Cancelled,
+    #[error("{role} cannot be started again: its command or namespace is not recorded")]
+    NotRestartable { role: Role },
 }
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
@@ -139,15 +141,8 @@ pub struct Mesh {
     pub(crate) pod_status: BTreeMap<String, PodStatus>,
     pub(crate) children: Vec<(ProcessRecord, Child)>,
     pub(crate) topology: Option<Topology>,
+    pub(crate) supervisor: crate::supervise::Supervisor,
     done: bool,
-}
-
-/// A component that stopped on its own while the mesh ran.
-#[derive(Debug, Clone)]
-pub struct Exit {
-    pub role: Role,
-    pub status: std::process::ExitStatus,
-    pub log: Option<PathBuf>,
 }
 
 impl Mesh {
@@ -192,6 +187,7 @@ impl Mesh {
             nodes: Vec::new(),
             pods: Vec::new(),
             processes: vec![process::current(Role::Orchestrator)],
+            restarts: Vec::new(),
         };
         // Record the prefix before the first namespace exists.
         run.save(&state)?;
@@ -203,6 +199,7 @@ impl Mesh {
             pod_status: BTreeMap::new(),
             children: Vec::new(),
             topology: None,
+            supervisor: Default::default(),
             done: false,
         };
         match mesh.start(progress) {
@@ -628,7 +625,7 @@ impl Mesh {
         let log = self.run.logs().join(log);
         let (child, record) = process::spawn(cmd, role, &log)?;
         self.state.processes.push(record.clone());
-        self.children.push((record, child));
+        self.track(record, child);
         self.run.save(&self.state)?;
         Ok(())
     }
@@ -694,23 +691,6 @@ impl Mesh {
     /// The run directory.
     pub fn run_dir(&self) -> &RunDir {
         &self.run
-    }
-
-    /// Components that exited since the last call (they are not restarted).
-    pub fn poll_exits(&mut self) -> Vec<Exit> {
-        let mut out = Vec::new();
-        self.children.retain_mut(|(r, c)| match c.try_wait() {
-            Ok(Some(status)) => {
-                out.push(Exit {
-                    role: r.role.clone(),
-                    status,
-                    log: r.log.clone(),
-                });
-                false
-            }
-            _ => true,
-        });
-        out
     }
 
     /// Stops everything and removes the namespaces and generated files.

@@ -302,3 +302,82 @@ pub fn ztunnel_pids(run: &Path, node: &str) -> Vec<u32> {
         .filter_map(|p| u32::try_from(p).ok())
         .collect()
 }
+
+/// Live processes whose command line or environment names `run` (every component of a mesh
+/// does: its sockets, manifests and state live there): `(pid, command line)`. Finds a
+/// component started after the last look at `state.json`, which [`leftovers`] cannot.
+pub fn processes_mentioning(run: &Path) -> Vec<(u32, String)> {
+    let needle = run.as_os_str().as_encoded_bytes();
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() || !alive(pid) {
+            continue;
+        }
+        let read = |f: &str| std::fs::read(e.path().join(f)).unwrap_or_default();
+        let (cmdline, environ) = (read("cmdline"), read("environ"));
+        if [&cmdline, &environ]
+            .iter()
+            .any(|b| b.windows(needle.len()).any(|w| w == needle))
+        {
+            let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            out.push((pid, cmd));
+        }
+    }
+    out
+}
+
+/// SIGKILL to `pid`.
+pub fn kill9(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -KILL {pid}");
+}
+
+impl Up {
+    /// Waits up to `limit` for a line of `up`'s output containing `needle`.
+    pub fn wait_line(&mut self, needle: &str, limit: Duration) -> String {
+        if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no line with {needle:?} from ambit up within {limit:?}:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+}
+
+/// Pid of the newest recorded process of `role` (`control`, `agent`, `ztunnel`) on
+/// `node` (ignored for `control`).
+pub fn component_pid(run: &Path, role: &str, node: &str) -> u32 {
+    let text = std::fs::read_to_string(run.join("state.json")).expect("state.json");
+    let state: serde_json::Value = serde_json::from_str(&text).expect("state json");
+    state["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .rev()
+        .find(|p| p["role"] == role && (role == "control" || p["node"] == node))
+        .and_then(|p| p["pid"].as_u64())
+        .and_then(|p| u32::try_from(p).ok())
+        .unwrap_or_else(|| panic!("no {role} on {node} in {state}"))
+}
