@@ -161,7 +161,7 @@ fn logs_ztunnel_config_restart() {
     // connections back to back: none fails, and traffic keeps working through the new one.
     let old = ztunnel_pids(&run, "node2");
     let stop = tmp.path().join("stop");
-    let script = "import os, sys, socket\nok = fail = 0\nwhile not os.path.exists(sys.argv[2]) and ok + fail < 20000:\n    try:\n        s = socket.create_connection((sys.argv[1], 8080), timeout=5)\n        s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n        ok += s.recv(12).startswith(b'HTTP/1.0 200')\n        s.close()\n    except OSError as e:\n        fail += 1\n        print('error', e, flush=True)\nprint('ok', ok, 'fail', fail)";
+    let script = "import os, sys, socket\nok = fail = 0\nwhile not os.path.exists(sys.argv[2]) and ok + fail < 20000:\n    try:\n        s = socket.create_connection((sys.argv[1], 8080), timeout=5)\n        s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n        got = s.recv(12).startswith(b'HTTP/1.0 200')\n        s.close()\n        if got and ok == 0:\n            print('ready', flush=True)\n        ok += got\n    except OSError as e:\n        fail += 1\n        print('error', e, flush=True)\nprint('ok', ok, 'fail', fail)";
     let server_ip = up_state(&run)["pods"]
         .as_array()
         .unwrap()
@@ -169,7 +169,7 @@ fn logs_ztunnel_config_restart() {
         .find(|p| p["name"] == "server")
         .map(|p| p["ip"].as_str().unwrap().to_owned())
         .unwrap();
-    let load = Command::new(AMBIT)
+    let mut load = Command::new(AMBIT)
         .args(["exec", "--run-dir"])
         .arg(&run)
         .args(["client", "--", "python3", "-c", script, &server_ip])
@@ -177,12 +177,36 @@ fn logs_ztunnel_config_restart() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // The hand-off starts only once the load runs (its first connection succeeded): on a
+    // loaded machine the interpreter can take longer to start than the whole restart.
+    let lines = {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = std::io::BufReader::new(load.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(out).map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        rx
+    };
+    let mut summary = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line == "ready" => break,
+            Ok(line) => summary.push_str(&format!("{line}\n")),
+            Err(e) => panic!("the load never connected ({e}): {summary}"),
+        }
+    }
     let out = ambit(&run, &["restart", "ztunnel", "node2"]);
     std::fs::write(&stop, b"").unwrap();
-    let load = load.wait_with_output().unwrap();
+    assert!(load.wait().unwrap().success());
+    summary.extend(lines.iter().map(|l| format!("{l}\n")));
     assert!(out.status.success(), "{out:?}");
     assert!(stdout(&out).contains("overlapping hand-off"), "{out:?}");
-    let summary = stdout(&load);
     eprintln!("during the hand-off: {summary}");
     assert!(
         summary.contains(" fail 0"),
