@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 mod agent;
+mod config_dumps;
 mod control;
 mod install_cni;
 mod ops;
@@ -89,9 +90,10 @@ enum Command {
     )]
     Logs(ops::LogsArgs),
     /// Show a ztunnel's configuration (its admin `/config_dump`), like `istioctl
-    /// ztunnel-config`.
+    /// ztunnel-config`: of the embedded mesh, of a cluster (through the API server's pod
+    /// proxy), or of a saved dump.
     #[command(
-        after_help = "Examples:\n  sudo ambit ztunnel-config workloads\n  sudo ambit ztunnel-config certificates --node node1\n  sudo ambit ztunnel-config services -o json"
+        after_help = "Examples:\n  sudo ambit ztunnel-config workloads\n  sudo ambit ztunnel-config certificates --node node1\n  sudo ambit ztunnel-config services -o json\n  ambit ztunnel-config workloads ztunnel-x7k2p.istio-system --workload-namespace demo\n  ambit ztunnel-config all --kubernetes --node worker-1 -o yaml\n  ambit ztunnel-config connections --file dump.json --direction inbound"
     )]
     ZtunnelConfig(ops::ZtunnelConfigArgs),
     /// Run a node's ztunnel or CNI agent again (same command and environment): the old one

@@ -47,9 +47,10 @@ impl ConfigSection {
     }
 }
 
-/// `ambit ztunnel-config -o`.
+/// `ambit ztunnel-config -o` (`short` is istioctl's name for the table).
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum ConfigOutput {
+    #[value(alias = "short")]
     Table,
     Json,
     Yaml,
@@ -62,9 +63,31 @@ pub struct ZtunnelConfigArgs {
     /// What to show.
     #[arg(value_enum)]
     section: ConfigSection,
+    /// A ztunnel pod on a cluster, `NAME[.NAMESPACE]` (implies --kubernetes).
+    #[arg(value_name = "POD[.NAMESPACE]")]
+    pod: Option<String>,
     /// Only this node's ztunnel (default: every node's).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "pod")]
     node: Option<String>,
+    /// Ask a cluster's ztunnels through the API server's pod proxy (KUBECONFIG, else
+    /// in-cluster, else ~/.kube/config) instead of the embedded mesh in --run-dir.
+    #[arg(long)]
+    kubernetes: bool,
+    /// Namespace of the ztunnel pods on the cluster.
+    #[arg(long, default_value = "istio-system")]
+    ztunnel_namespace: String,
+    /// A saved /config_dump (JSON) instead of a live ztunnel.
+    #[arg(long, conflicts_with_all = ["pod", "node", "kubernetes"])]
+    file: Option<std::path::PathBuf>,
+    /// Only workloads, services, policies, certificates and pods of this namespace.
+    #[arg(long)]
+    workload_namespace: Option<String>,
+    /// Only the workload or service with this address.
+    #[arg(long)]
+    address: Option<String>,
+    /// Connections: only this direction.
+    #[arg(long, value_enum)]
+    direction: Option<crate::config_dumps::Direction>,
     /// Output format. `json`/`yaml`: the section of `/config_dump` as the ztunnel serves it
     /// (the shape `istioctl ztunnel-config` reads); with `--node` that ztunnel's alone, else
     /// keyed by node.
@@ -186,15 +209,60 @@ pub fn logs(args: LogsArgs) -> ExitCode {
     }
 }
 
-pub fn ztunnel_config(args: ZtunnelConfigArgs) -> ExitCode {
+/// The dumps `args` select: a file, a cluster's ztunnels, or the embedded mesh's.
+fn config_dumps(args: &ZtunnelConfigArgs) -> Result<Vec<(String, serde_json::Value)>, String> {
+    use crate::config_dumps::{Target, from_cluster, from_file};
+    let chain = |e: &dyn std::error::Error| {
+        let mut out = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            out.push_str(": ");
+            out.push_str(&s.to_string());
+            source = s.source();
+        }
+        out
+    };
+    if let Some(file) = &args.file {
+        return from_file(file).map_err(|e| chain(&e));
+    }
+    if args.kubernetes || args.pod.is_some() {
+        let target = match (&args.pod, &args.node) {
+            (Some(p), _) => Target::pod(p, &args.ztunnel_namespace),
+            (None, Some(n)) => Target::Node(n.clone()),
+            (None, None) => Target::All,
+        };
+        let config = crate::kube_config()
+            .map_err(|e| format!("Kubernetes API configuration: {}", chain(&e)))?;
+        let client = ambit_kubeapi::Client::new(config).map_err(|e| chain(&e))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("runtime: {e}"))?;
+        return rt
+            .block_on(from_cluster(&client, &target, &args.ztunnel_namespace))
+            .map_err(|e| chain(&e));
+    }
     let run = RunDir::new(&args.run.run_dir);
-    let dumps = match ambit_mesh::ztunnel_config::dumps(&run, args.node.as_deref()) {
+    ambit_mesh::ztunnel_config::dumps(&run, args.node.as_deref()).map_err(|e| e.to_string())
+}
+
+pub fn ztunnel_config(args: ZtunnelConfigArgs) -> ExitCode {
+    let mut dumps = match config_dumps(&args) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("ambit ztunnel-config: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let filter = crate::config_dumps::Filter {
+        workload_namespace: args.workload_namespace.clone(),
+        address: args.address.clone(),
+        direction: args.direction,
+    };
+    for (_, dump) in &mut dumps {
+        filter.apply(dump);
+    }
+    let single = args.node.is_some() || args.pod.is_some() || args.file.is_some();
     let sections = args.section.sections();
     // The part of one dump that is shown: one section's value, or the whole dump.
     let view = |dump: &serde_json::Value| match args.section {
@@ -205,9 +273,7 @@ pub fn ztunnel_config(args: ZtunnelConfigArgs) -> ExitCode {
             .unwrap_or(serde_json::Value::Null),
     };
     let structured = || {
-        if args.node.is_some()
-            && let [(_, dump)] = dumps.as_slice()
-        {
+        if single && let [(_, dump)] = dumps.as_slice() {
             return view(dump);
         }
         let mut out = serde_json::Map::new();

@@ -283,6 +283,16 @@ impl Client {
         path: &str,
         field_selector: Option<&str>,
     ) -> Result<ObjectList, Error> {
+        self.list_selected(path, field_selector, None).await
+    }
+
+    /// [`Client::list`] with a `labelSelector` too.
+    pub async fn list_selected(
+        &self,
+        path: &str,
+        field_selector: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<ObjectList, Error> {
         #[derive(Deserialize)]
         struct ListMeta {
             #[serde(default, rename = "resourceVersion")]
@@ -302,6 +312,7 @@ impl Client {
         for _ in 0..MAX_PAGES {
             let query = Query::new()
                 .opt("fieldSelector", field_selector)
+                .opt("labelSelector", label_selector)
                 .add("limit", &page_size)
                 .opt("continue", next.as_deref());
             let body = self.call(Method::GET, path, &query, None).await?;

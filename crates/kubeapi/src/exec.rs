@@ -120,21 +120,29 @@ impl ExecConfig {
             })?;
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
+        // Both pipes are read at once, so a plugin filling one cannot block on the other.
         let collect = async {
-            let mut out = Vec::new();
-            let mut err = Vec::new();
-            if let Some(s) = stdout.as_mut() {
-                s.take(MAX_OUTPUT as u64 + 1)
-                    .read_to_end(&mut out)
-                    .await
-                    .map_err(ExecError::Io)?;
-            }
-            if let Some(s) = stderr.as_mut() {
-                s.take(64 << 10)
-                    .read_to_end(&mut err)
-                    .await
-                    .map_err(ExecError::Io)?;
-            }
+            let read_out = async {
+                let mut out = Vec::new();
+                if let Some(s) = stdout.as_mut() {
+                    s.take(MAX_OUTPUT as u64 + 1)
+                        .read_to_end(&mut out)
+                        .await
+                        .map_err(ExecError::Io)?;
+                }
+                Ok::<_, ExecError>(out)
+            };
+            let read_err = async {
+                let mut err = Vec::new();
+                if let Some(s) = stderr.as_mut() {
+                    s.take(64 << 10)
+                        .read_to_end(&mut err)
+                        .await
+                        .map_err(ExecError::Io)?;
+                }
+                Ok::<_, ExecError>(err)
+            };
+            let (out, err) = tokio::try_join!(read_out, read_err)?;
             let status = child.wait().await.map_err(ExecError::Io)?;
             Ok::<_, ExecError>((status, out, err))
         };

@@ -19,6 +19,9 @@
 //! - `POST /apis/authentication.k8s.io/v1/tokenreviews` reviews tokens the test registered
 //!   with [`FakeApiServer::add_token`], as the real server does for service-account tokens
 //!   (audiences intersected, pod and node claims in `user.extra`).
+//! - Lists honour `limit` / `continue` (token `page-OFFSET`) and `labelSelector` equality;
+//!   `GET …/pods/NAME:PORT/proxy/PATH` answers what [`FakeApiServer::pod_proxy`] registered;
+//!   [`FakeApiServer::set_unavailable`] answers 503 to everything (an outage).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::convert::Infallible;
@@ -173,6 +176,8 @@ pub struct FakeState {
     tokens: BTreeMap<String, TokenIdentity>,
     /// While set, every request gets 503 (an API server outage).
     unavailable: bool,
+    /// Answers of `pods/NAME:PORT/proxy/PATH` by (namespace, name, port, path).
+    proxied: BTreeMap<(String, String, u16, String), String>,
     /// TCP connections accepted.
     connections: u64,
 }
@@ -203,6 +208,7 @@ impl FakeState {
             forbidden: BTreeSet::new(),
             tokens: BTreeMap::new(),
             unavailable: false,
+            proxied: BTreeMap::new(),
             connections: 0,
         }
     }
@@ -336,6 +342,15 @@ impl FakeApiServer {
             .unwrap_or_else(|e| panic!("binding the fake API server: {e}")))
     }
 
+    /// TLS with a caller-built server configuration (for example one that requires client
+    /// certificates); ALPN `h2` is set.
+    pub async fn start_tls_with(
+        mut config: ambit_tls::rustls::ServerConfig,
+    ) -> std::io::Result<Self> {
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Self::start_inner(Some(TlsAcceptor::from(Arc::new(config)))).await
+    }
+
     async fn start_inner(tls: Option<TlsAcceptor>) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -435,6 +450,20 @@ impl FakeApiServer {
     /// until [`FakeApiServer::allow`].
     pub fn forbid(&self, collection: &str) {
         self.shared.lock().forbidden.insert(collection.to_string());
+    }
+
+    /// Answers `GET /api/v1/namespaces/NS/pods/POD:PORT/proxy/PATH` (the API server's proxy to
+    /// a pod's port) with `body` (200, JSON).
+    pub fn pod_proxy(&self, namespace: &str, pod: &str, port: u16, path: &str, body: &str) {
+        self.shared.lock().proxied.insert(
+            (
+                namespace.to_string(),
+                pod.to_string(),
+                port,
+                path.trim_start_matches('/').to_string(),
+            ),
+            body.to_string(),
+        );
     }
 
     /// Registers a token for TokenReview.
@@ -703,6 +732,17 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
             "the API server is unavailable",
         );
     }
+    if let Some((ns, pod, port, rest)) = proxy_target(&path) {
+        let answer = shared.lock().proxied.get(&(ns, pod, port, rest)).cloned();
+        return match answer {
+            Some(body) => full(StatusCode::OK, body),
+            None => status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                "no endpoint",
+            ),
+        };
+    }
     if path == TOKEN_REVIEWS {
         if shared.lock().forbidden.contains(TOKEN_REVIEWS) {
             return status(
@@ -744,6 +784,7 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
             let page = Page {
                 limit: query_param(&query, "limit").and_then(|l| l.parse().ok()),
                 offset: query_param(&query, "continue"),
+                labels: query_param(&query, "labelSelector"),
             };
             get(shared, &target, selector.as_deref(), &page)
         }
@@ -760,6 +801,34 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
             "the fake supports GET and PATCH",
         ),
     }
+}
+
+/// `/api/v1/namespaces/NS/pods/NAME:PORT/proxy/REST` → (NS, NAME, PORT, REST).
+fn proxy_target(path: &str) -> Option<(String, String, u16, String)> {
+    let rest = path.strip_prefix("/api/v1/namespaces/")?;
+    let (ns, rest) = rest.split_once("/pods/")?;
+    let (pod_port, rest) = rest.split_once("/proxy")?;
+    let (pod, port) = pod_port.split_once(':')?;
+    Some((
+        ns.to_string(),
+        pod.to_string(),
+        port.parse().ok()?,
+        rest.trim_start_matches('/').to_string(),
+    ))
+}
+
+/// `labelSelector` equality terms (`k=v`, `k!=v`, comma-separated) against metadata.labels.
+fn labels_match(selector: &str, object: &Value) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let labels = &object["metadata"]["labels"];
+        match term.split_once("!=") {
+            Some((k, v)) => labels[k].as_str() != Some(v),
+            None => match term.split_once("==").or_else(|| term.split_once('=')) {
+                Some((k, v)) => labels[k].as_str() == Some(v),
+                None => labels.get(term).is_some(),
+            },
+        }
+    })
 }
 
 /// `TokenReview` create: authenticated when the token is registered and its audiences meet
@@ -820,6 +889,7 @@ fn token_review(shared: &Shared, body: &[u8]) -> Response<Body> {
 struct Page {
     limit: Option<usize>,
     offset: Option<String>,
+    labels: Option<String>,
 }
 
 fn get(shared: &Shared, target: &Target, selector: Option<&str>, page: &Page) -> Response<Body> {
@@ -849,6 +919,7 @@ fn get(shared: &Shared, target: &Target, selector: Option<&str>, page: &Page) ->
         .objects
         .values()
         .filter(|o| in_scope(target, selector, o))
+        .filter(|o| page.labels.as_deref().is_none_or(|l| labels_match(l, o)))
         .collect();
     let end = page
         .limit

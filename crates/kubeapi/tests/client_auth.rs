@@ -216,3 +216,57 @@ async fn token_reviews_and_outages() {
         .expect("in time")
         .expect("served again");
 }
+
+#[tokio::test]
+async fn client_certificates_from_the_kubeconfig_are_presented() {
+    use ambit_tls::rustls;
+    let ca = ambit_tls::LocalCa::generate("cluster.local").expect("ca");
+    let server_cert = ca
+        .server_cert_for_hostnames(&["127.0.0.1"])
+        .expect("server cert");
+    // A client certificate of the same CA, as kind/k3d/minikube kubeconfigs carry.
+    let id = admin_identity();
+    let client = ca
+        .issue(&id, Duration::from_secs(3600))
+        .expect("client cert");
+    let mut store = rustls::RootCertStore::empty();
+    for root in ambit_tls::cert::parse_certs_pem(ca.root_pem()).expect("roots") {
+        store.add(root).expect("root");
+    }
+    let provider = std::sync::Arc::new(ambit_tls::provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        std::sync::Arc::new(store),
+        provider.clone(),
+    )
+    .build()
+    .expect("verifier");
+    let key = server_cert.private_key().der().clone_key();
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(server_cert.chain().to_vec(), key)
+        .expect("server config");
+    let server = FakeApiServer::start_tls_with(config)
+        .await
+        .expect("fake server");
+    let mut config = server.config();
+    config.ca_pem = Some(ca.root_pem().to_string());
+    let without = Client::new(config.clone()).expect("client");
+    assert!(
+        without.list(PODS, None).await.is_err(),
+        "the server requires a client certificate"
+    );
+    config.client_identity = Some(ambit_kubeapi::ClientIdentity {
+        cert_pem: client.chain_summaries()[0].pem.clone(),
+        key_pem: client.private_key().pem().to_string(),
+    });
+    let with = Client::new(config).expect("client");
+    with.list(PODS, None)
+        .await
+        .expect("listed with a client certificate");
+}
+
+fn admin_identity() -> ambit_model::SpiffeId {
+    ambit_model::SpiffeId::parse("spiffe://cluster.local/ns/kube-system/sa/admin").expect("id")
+}
