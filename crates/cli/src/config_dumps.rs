@@ -42,7 +42,7 @@ pub enum DumpError {
     List {
         namespace: String,
         #[source]
-        source: ambit_kubeapi::Error,
+        source: Box<ambit_kubeapi::Error>,
     },
     #[error("no ztunnel pod ({ZTUNNEL_SELECTOR}) in {namespace}{}", on_node(.node))]
     NoZtunnel {
@@ -55,7 +55,7 @@ pub enum DumpError {
     Fetch {
         pod: String,
         #[source]
-        source: ambit_kubeapi::Error,
+        source: Box<ambit_kubeapi::Error>,
     },
     #[error("reading {path}")]
     File {
@@ -117,7 +117,7 @@ pub async fn from_cluster(
         let key = format!("{name}.{namespace}");
         let dump = client.get(&path).await.map_err(|source| DumpError::Fetch {
             pod: key.clone(),
-            source,
+            source: Box::new(source),
         })?;
         out.push((key, dump));
     }
@@ -139,7 +139,7 @@ async fn ztunnel_pods(
         .await
         .map_err(|source| DumpError::List {
             namespace: namespace.to_string(),
-            source,
+            source: Box::new(source),
         })?;
     Ok(list
         .items

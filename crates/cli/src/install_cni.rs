@@ -120,9 +120,9 @@ pub fn parse_flags(args: &[String]) -> Result<Flags, Vec<String>> {
             continue;
         };
         let value = match (inline, boolean) {
-            (Some(v), true) => match parse_bool(&v) {
-                Some(b) => b.to_string(),
-                None => {
+            (Some(v), true) => match ambit_contract::values::parse_bool(&v) {
+                Ok(b) => b.to_string(),
+                Err(_) => {
                     errors.push(format!("--{name}={v}: not a boolean"));
                     continue;
                 }
@@ -161,15 +161,6 @@ pub fn parse_flags(args: &[String]) -> Result<Flags, Vec<String>> {
         Ok(out)
     } else {
         Err(errors)
-    }
-}
-
-/// Go `strconv.ParseBool`.
-fn parse_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
     }
 }
 
