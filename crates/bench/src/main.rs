@@ -121,6 +121,10 @@ struct Args {
     /// (default 1,000; 0 skips it).
     #[arg(long)]
     enrolled_pods: Option<usize>,
+    /// Seconds the server node's agent CPU is sampled with the extra pods enrolled
+    /// (default 30: three verification passes).
+    #[arg(long)]
+    agent_cpu_secs: Option<f64>,
     /// Seconds per throughput window.
     #[arg(long)]
     throughput_secs: Option<f64>,
@@ -184,6 +188,9 @@ fn plan(args: &Args) -> Result<Plan> {
     }
     if let Some(s) = args.latency_secs {
         plan.latency = secs(s)?;
+    }
+    if let Some(s) = args.agent_cpu_secs {
+        plan.agent_cpu = secs(s)?;
     }
     // Each idle connection costs this process one descriptor (the server side; the client
     // side is held by a child process) and each ztunnel about one.

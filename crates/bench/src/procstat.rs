@@ -1,5 +1,6 @@
-//! Resource use of the proxy processes, read from `/proc`: resident memory (`VmRSS` in
-//! `/proc/<pid>/status`) and CPU time (`utime + stime` in `/proc/<pid>/stat`, all threads).
+//! Resource use of the proxy and agent processes, read from `/proc`: resident memory
+//! (`VmRSS` in `/proc/<pid>/status`) and CPU time (`utime + stime` in `/proc/<pid>/stat`, all
+//! threads; `cutime + cstime` for the children a process has waited for).
 
 use std::io;
 
@@ -19,6 +20,17 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     parse_cpu_ticks(&stat)
         .map(|ticks| ticks as f64 / USER_HZ)
+        .ok_or_else(|| io::Error::other(format!("unparsable /proc/{pid}/stat")))
+}
+
+/// CPU seconds of `pid` itself (every thread) and of the children it has waited for (the
+/// rule tools an agent runs), as (own, children).
+pub fn cpu_seconds_with_children(pid: u32) -> io::Result<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let own = parse_cpu_ticks(&stat);
+    let children = parse_children_cpu_ticks(&stat);
+    own.zip(children)
+        .map(|(o, c)| (o as f64 / USER_HZ, c as f64 / USER_HZ))
         .ok_or_else(|| io::Error::other(format!("unparsable /proc/{pid}/stat")))
 }
 
@@ -80,6 +92,15 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+fn parse_children_cpu_ticks(stat: &str) -> Option<u64> {
+    // cutime and cstime are fields 16 and 17: indexes 13 and 14 after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(13);
+    let cutime: u64 = fields.next()?.parse().ok()?;
+    let cstime: u64 = fields.next()?.parse().ok()?;
+    Some(cutime + cstime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,7 +116,11 @@ mod tests {
     fn parses_cpu_ticks_with_odd_names() {
         let stat = "4242 (we ird) name)) S 1 4242 4242 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 3 0";
         assert_eq!(parse_cpu_ticks(stat), Some(22));
+        assert_eq!(parse_children_cpu_ticks(stat), Some(0));
+        let waited = "7 (agent) S 1 7 7 0 -1 0 0 0 0 0 40 2 7 3 20 0 3 0";
+        assert_eq!(parse_children_cpu_ticks(waited), Some(10));
         assert_eq!(parse_cpu_ticks("garbage"), None);
+        assert_eq!(parse_children_cpu_ticks("4 (x) S 1 2"), None);
     }
 
     #[test]

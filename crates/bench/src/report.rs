@@ -98,6 +98,11 @@ pub const PER_POD: &str = "ztunnel_bytes_per_enrolled_pod";
 /// Wall time of one CNI ADD (plugin → agent → rules → ztunnel ack), enrolling one pod after
 /// another.
 pub const ENROL_MS: &str = "cni_add_ms_per_pod";
+/// CPU of the server node's agent with every extra pod enrolled, own plus waited-for
+/// children, in % of one core.
+pub const AGENT_CPU: &str = "agent_cpu_pct_enrolled_pods";
+/// The children's part of it (rule tools started by the agent).
+pub const AGENT_CHILD_CPU: &str = "agent_children_cpu_pct_enrolled_pods";
 /// Proxy CPU per GB moved (throughput runs).
 pub const CPU_PER_GB: &str = "proxy_cpu_seconds_per_gb";
 
@@ -211,6 +216,18 @@ pub fn catalogue(
         ENROL_MS,
         "CNI ADD time per pod",
         "ms",
+        Better::Lower,
+    )));
+    v.push(proxy(def(
+        AGENT_CPU,
+        format!("agent CPU, {enrolled_pods} pods (% of a core)"),
+        "%",
+        Better::Lower,
+    )));
+    v.push(proxy(def(
+        AGENT_CHILD_CPU,
+        "of which its child processes",
+        "%",
         Better::Lower,
     )));
     v.push(proxy(def(

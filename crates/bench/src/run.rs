@@ -39,6 +39,10 @@ pub struct Plan {
     /// Extra pods enrolled on the server node for the memory-per-pod measurement (in-pod
     /// scenarios; 0 skips it).
     pub enrolled_pods: usize,
+    /// How long the server node's agent CPU is sampled with every extra pod enrolled (its
+    /// verification pass runs every 10 s by default, so the default window holds three).
+    #[serde(serialize_with = "secs")]
+    pub agent_cpu: Duration,
     /// Wait after opening them before reading RSS.
     #[serde(serialize_with = "secs")]
     pub settle: Duration,
@@ -57,6 +61,7 @@ impl Plan {
             conn_concurrency: vec![1, 4],
             idle_conns: 10_000,
             enrolled_pods: 1_000,
+            agent_cpu: Duration::from_secs(30),
             settle: Duration::from_secs(1),
         }
     }
@@ -73,6 +78,7 @@ impl Plan {
             conn_concurrency: vec![1, 4],
             idle_conns: 200,
             enrolled_pods: 5,
+            agent_cpu: Duration::from_secs(1),
             settle: Duration::from_millis(300),
         }
     }
@@ -124,6 +130,8 @@ fn memory(
 /// server node also knows `plan.enrolled_pods` more pods (bare network namespaces): its
 /// RSS with the server pod alone, then after every extra pod was enrolled through the CNI
 /// plugin (each ADD returns only once ztunnel acked the pod, i.e. listens in its netns).
+/// Then the server node's agent CPU over `plan.agent_cpu`, its own and its children's (the
+/// rule tools it runs), as a share of one core.
 fn enrolled(
     plan: &Plan,
     kind: ScenarioKind,
@@ -147,7 +155,22 @@ fn enrolled(
         Duration::from_secs(5),
     ))?;
     fresh.check_alive()?;
+    let agent = fresh
+        .server_agent_pid()
+        .context("no agent on the server node")?;
+    let (own0, kids0) = procstat::cpu_seconds_with_children(agent)?;
+    let t0 = std::time::Instant::now();
+    std::thread::sleep(plan.agent_cpu);
+    let (own1, kids1) = procstat::cpu_seconds_with_children(agent)?;
+    let window = t0.elapsed().as_secs_f64();
+    fresh.check_alive()?;
+    let pct = |s: f64| s * 100.0 / window;
     Ok(vec![
+        (
+            report::AGENT_CPU.into(),
+            pct((own1 - own0) + (kids1 - kids0)),
+        ),
+        (report::AGENT_CHILD_CPU.into(), pct(kids1 - kids0)),
         (report::ENROL_RSS_BEFORE.into(), before),
         (report::ENROL_RSS_AFTER.into(), after),
         (report::PER_POD.into(), (after - before) * 1024.0 / n as f64),

@@ -678,6 +678,11 @@ impl Scenario {
         self.proxies.get(1).map(|p| p.child.id())
     }
 
+    /// Process id of the server node's agent (in-pod scenarios).
+    pub fn server_agent_pid(&self) -> Option<u32> {
+        self.agents.get(1).map(|p| p.child.id())
+    }
+
     /// A socket factory of the client pod.
     pub fn client(&self) -> &Arc<NetnsSocketFactory> {
         &self.client
