@@ -31,7 +31,7 @@
 //!   Still fail closed: agent unreachable or non-200 fails the ADD.
 //! - **No silent bypass.** A verification pass (every `AMBIT_VERIFY_INTERVAL`, default
 //!   10 s, and after every ZDS snapshot) re-checks each enrolled pod's rules
-//!   (`InPod::verify`) and ztunnel's 15001/15006/15008 listeners in its netns, repairs
+//!   (`InPod::verify_in`) and ztunnel's 15001/15006/15008 listeners in its netns, repairs
 //!   (re-apply with reconcile; `Del`+`Add` to ztunnel) and exports
 //!   `ambit_enrolled_unprotected_pods` / `ambit_pod_repairs_total`.
 //! - **ZDS liveness** is watched continuously instead of a 5 s idle probe (same

@@ -16,12 +16,16 @@
 //! Applying, verifying and deleting run external tools (`iptables-restore`, `nft`, `ip`,
 //! `ipset`) inside a network namespace through the [`NetnsRunner`] abstraction; the crate never
 //! builds shell strings. [`InPod`] and [`HostRules`] are the entry points the agent uses.
+//! The agent's periodic check of every enrolled pod, [`InPod::verify_in`], reads the kernel
+//! in-process instead (netlink, `/proc/sys`) and starts rule tools only when a pod's rules
+//! changed, so its cost does not grow by a process per pod.
 
 mod apply;
 pub mod config;
 pub mod consts;
 pub mod host;
 pub mod iptables;
+mod kernel;
 pub mod netlink;
 pub mod nft;
 pub mod pod;
@@ -31,7 +35,7 @@ pub mod runner;
 pub use apply::{ApplyError, ApplyOutcome, Finding, Location, VerifyReport};
 pub use config::{Backend, ConfigError, Family, HostRulesConfig, IfaceName, PodRedirectConfig};
 pub use host::HostRules;
-pub use pod::InPod;
+pub use pod::{InPod, VerifyMemo};
 pub use probe_set::{ProbeSet, ProbeSetError};
 pub use runner::{
     Cmd, CmdOutput, CurrentNetns, FdRunner, HostRunner, IpNetnsExec, NetnsRunner, Nsenter, RunError,

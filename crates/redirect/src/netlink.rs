@@ -129,7 +129,11 @@ impl NetlinkItem {
     }
 }
 
-/// Reads whether IPv6 is disabled on `lo` in the namespace (then no v6 local route exists).
+/// The sysctl (under `/proc/sys`) that says whether IPv6 is disabled on `lo` in a
+/// namespace (then no v6 local route can exist).
+pub const LO_DISABLE_IPV6: &str = "net/ipv6/conf/lo/disable_ipv6";
+
+/// Reads [`LO_DISABLE_IPV6`] in the namespace.
 pub fn lo_ipv6_disabled_cmd() -> Cmd {
-    Cmd::new(["cat", "/proc/sys/net/ipv6/conf/lo/disable_ipv6"])
+    Cmd::new(["cat".to_owned(), format!("/proc/sys/{LO_DISABLE_IPV6}")])
 }

@@ -7,6 +7,10 @@ use crate::iptables::{pod_delete_commands, pod_rules};
 use crate::nft::{pod_delete_transaction, pod_tables, pod_transaction};
 use crate::runner::NetnsRunner;
 
+mod in_process;
+
+pub use in_process::VerifyMemo;
+
 /// One pod's redirection: which backend writes it and what it contains.
 #[derive(Debug, Clone)]
 pub struct InPod {
@@ -32,7 +36,7 @@ impl InPod {
     /// The families iptables rules are written for: both when IPv6 is configured, and also
     /// when it is not but the kernel has IPv6 (then the v6 rules are the
     /// [`crate::iptables::ipv6_fence`]); IPv4 alone on a kernel without IPv6.
-    fn xtables_families(&self) -> &'static [Family] {
+    pub(crate) fn xtables_families(&self) -> &'static [Family] {
         if self.config.ipv6 || kernel_has_ipv6() {
             &[Family::V4, Family::V6]
         } else {

@@ -3,10 +3,10 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ambit_netns::NetnsFd;
-use ambit_redirect::{IfaceName, InPod, PodRedirectConfig};
+use ambit_redirect::{IfaceName, InPod, PodRedirectConfig, VerifyMemo};
 
 use super::aws_eni;
 use super::verify::{rules_present, ztunnel_listening};
@@ -31,6 +31,9 @@ pub(crate) struct Slot {
     pub inpod: InPod,
     /// ztunnel acked the last `Add`.
     pub acked: bool,
+    /// What the verification pass last learnt about this pod's rules (shared with a pass
+    /// that checks from a snapshot of the table).
+    pub memo: Arc<Mutex<VerifyMemo>>,
 }
 
 /// Failure of a mesh operation; `retryable` ones are retried by the worker.
@@ -217,6 +220,7 @@ impl<S: PodSource> Core<S> {
                 ips: ips.clone(),
                 inpod,
                 acked: false,
+                memo: Arc::default(),
             },
         );
         // c. ztunnel; failure leaves the rules in place (fail closed) and marks pending.
@@ -361,16 +365,20 @@ impl<S: PodSource> Core<S> {
     /// per pod: with hundreds of pods a pass takes seconds, and CNI ADDs must not wait for
     /// it); only a pod that needs repair is re-checked and repaired under the lock.
     pub(crate) async fn verify_all(&self) {
-        let snapshot: Vec<(String, Arc<NetnsFd>, InPod, bool)> = self
+        type Entry = (String, Arc<NetnsFd>, InPod, bool, Arc<Mutex<VerifyMemo>>);
+        let snapshot: Vec<Entry> = self
             .enrolled
             .lock()
             .await
             .iter()
-            .map(|(uid, s)| (uid.clone(), s.netns.clone(), s.inpod.clone(), s.acked))
+            .map(|(uid, s)| {
+                let memo = s.memo.clone();
+                (uid.clone(), s.netns.clone(), s.inpod.clone(), s.acked, memo)
+            })
             .collect();
         let mut unprotected = 0i64;
-        for (uid, netns, inpod, acked) in snapshot {
-            if rules_present(&inpod, &netns).await && (!acked || listening(&netns).await) {
+        for (uid, netns, inpod, acked, memo) in snapshot {
+            if rules_present(&inpod, &netns, &memo).await && (!acked || listening(&netns).await) {
                 continue;
             }
             let mut enrolled = self.enrolled.lock().await;
@@ -391,7 +399,7 @@ impl<S: PodSource> Core<S> {
 
     /// Re-checks one pod and repairs what is missing; `true` when it ends up protected.
     async fn verify_slot(&self, slot: &mut Slot) -> bool {
-        let mut rules_ok = rules_present(&slot.inpod, &slot.netns).await;
+        let mut rules_ok = rules_present(&slot.inpod, &slot.netns, &slot.memo).await;
         if !rules_ok {
             tracing::warn!(pod = %slot.pod.name, "in-pod rules missing, re-applying");
             self.metrics.repairs.inc();
@@ -405,7 +413,7 @@ impl<S: PodSource> Core<S> {
             {
                 tracing::warn!(pod = %slot.pod.name, error = %e, "re-applying rules failed");
             }
-            rules_ok = rules_present(&slot.inpod, &slot.netns).await;
+            rules_ok = rules_present(&slot.inpod, &slot.netns, &slot.memo).await;
         }
         let mut listening = !slot.acked || listening(&slot.netns).await;
         if !listening && self.zds.connected() > 0 {

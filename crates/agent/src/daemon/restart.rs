@@ -205,6 +205,7 @@ impl<S: PodSource> Core<S> {
                     netns,
                     // It was enabled, so a ztunnel acked it and (if still running) listens.
                     acked: true,
+                    memo: Arc::default(),
                     pod,
                 },
             );

@@ -3,12 +3,16 @@
 //! netns), repairs what is missing (re-apply rules; `Del`+`Add` to ztunnel so it really
 //! restarts the pod's proxies — a plain re-`Add` of the same netns is a no-op in ztunnel)
 //! and exports how many pods stayed unprotected.
+//!
+//! A pass over an unchanged pod starts no process: the rules are checked with
+//! [`InPod::verify_in`] (in-process kernel reads, rule tools only for rules that changed
+//! since their last verdict) and the listeners from `/proc` on a thread in the pod's netns.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ambit_netns::{NetnsFd, run_in_netns_thread};
-use ambit_redirect::InPod;
+use ambit_redirect::{InPod, VerifyMemo};
 
 use ambit_redirect::FdRunner;
 
@@ -53,19 +57,25 @@ pub fn ztunnel_listening(netns: &NetnsFd) -> bool {
     listening_ports(netns).is_ok_and(|p| REQUIRED_PORTS.iter().all(|r| p.contains(r)))
 }
 
-/// Runs `InPod::verify`; `true` when nothing planned is missing.
-pub async fn rules_present(inpod: &InPod, netns: &Arc<NetnsFd>) -> bool {
-    let (inpod, runner) = (
-        inpod.clone(),
-        FdRunner {
+/// Runs `InPod::verify_in` (in-process reads; rule tools only for rules that changed
+/// since `memo` last saw them judged); `true` when nothing planned is missing.
+pub async fn rules_present(
+    inpod: &InPod,
+    netns: &Arc<NetnsFd>,
+    memo: &Arc<Mutex<VerifyMemo>>,
+) -> bool {
+    let (inpod, netns, memo) = (inpod.clone(), netns.clone(), memo.clone());
+    tokio::task::spawn_blocking(move || {
+        let runner = FdRunner {
             netns: netns.clone(),
-        },
-    );
-    tokio::task::spawn_blocking(move || inpod.verify(&runner))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .is_some_and(|r| r.missing().next().is_none())
+        };
+        let mut memo = memo.lock().unwrap_or_else(|p| p.into_inner());
+        inpod.verify_in(&netns, &runner, &mut memo)
+    })
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .is_some_and(|r| r.missing().next().is_none())
 }
 
 #[cfg(test)]

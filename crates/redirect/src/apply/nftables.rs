@@ -35,6 +35,16 @@ pub(crate) fn verify(
     planned: &[Table],
     owned: &[&'static str],
 ) -> Result<Vec<Finding>, ApplyError> {
+    verify_listed(planned, owned, |name| list_table(r, name))
+}
+
+/// [`verify`] over listings from anywhere (`nft list table`, or nf_tables netlink):
+/// `list` returns a table's chains, hooks and rule counts, `None` when it does not exist.
+pub(crate) fn verify_listed(
+    planned: &[Table],
+    owned: &[&'static str],
+    mut list: impl FnMut(&str) -> Result<Option<ListedTable>, ApplyError>,
+) -> Result<Vec<Finding>, ApplyError> {
     let loc = |table: &str, chain: &str| Location {
         family: None,
         table: table.to_owned(),
@@ -48,7 +58,7 @@ pub(crate) fn verify(
         .collect();
     for name in owned {
         let plan = effective.iter().find(|t| t.name == *name);
-        let listed = list_table(r, name)?;
+        let listed = list(name)?;
         let (plan, listed) = match (plan, listed) {
             (None, None) => continue,
             (None, Some(l)) => {

@@ -193,7 +193,18 @@ pub(crate) fn verify(
     family: Family,
     plan: &RuleSet,
 ) -> Result<Vec<Finding>, ApplyError> {
+    verify_full(r, family, plan).map(|(findings, _)| findings)
+}
+
+/// [`verify`], plus whether the tools that answered are the nf_tables variant of iptables
+/// (then the rules they judged are in the kernel's nf_tables ruleset).
+pub(crate) fn verify_full(
+    r: &dyn NetnsRunner,
+    family: Family,
+    plan: &RuleSet,
+) -> Result<(Vec<Finding>, bool), ApplyError> {
     let state = inspect(r, family, plan)?;
+    let nf_tables = state.saved.nf_tables;
     let loc = |table: &str, chain: &str| Location {
         family: Some(family),
         table: table.to_owned(),
@@ -262,7 +273,7 @@ pub(crate) fn verify(
             }));
         }
     }
-    Ok(findings)
+    Ok((findings, nf_tables))
 }
 
 /// Run a fixed delete list, ignoring individual failures (§3.6: objects may be absent).

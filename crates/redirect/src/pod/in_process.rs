@@ -1,0 +1,174 @@
+//! Verification of a pod without a process per pod: the same findings as
+//! [`InPod::verify`], read in-process (`crate::kernel`) wherever the kernel can tell us
+//! directly.
+//!
+//! - Policy routing (§3.1): rtnetlink dumps, judged with the same predicates as the `ip`
+//!   listings; the IPv6 route's precondition (`lo` has IPv6) from `/proc/sys` inside the
+//!   namespace.
+//! - nftables backend: the chains, hooks and rule counts `nft list table` reports, from an
+//!   nfnetlink dump.
+//! - iptables backend: the rule tools stay the judges (`iptables-save` and `iptables -C`,
+//!   the kernel's own semantic comparison), but they run only when the family's nf_tables
+//!   ruleset (where the nf_tables variant of iptables keeps its rules) differs from the
+//!   one read around their last verdict. An unchanged ruleset (same generation, same
+//!   tables, chains and rules, packet counters aside) gives the same verdict, so it is
+//!   reused ([`VerifyMemo`]). With the legacy variant (its rules are not in nf_tables) the
+//!   tools run every time.
+//!
+//! Whenever an in-process read fails, the whole check falls back to [`InPod::verify`].
+
+use ambit_netns::NetnsFd;
+
+use super::InPod;
+use crate::apply::{ApplyError, Finding, VerifyReport, nftables, xtables};
+use crate::config::{Backend, Family};
+use crate::consts::{NFT_MANGLE_TABLE, NFT_NAT_TABLE, NFT_RAW_TABLE};
+use crate::iptables::{RuleSet, pod_rules};
+use crate::kernel::nft::{NftFamily, Ruleset};
+use crate::kernel::rtnl::Routing;
+use crate::kernel::{self, KernelError};
+use crate::netlink::{LO_DISABLE_IPV6, NetlinkItem};
+use crate::nft::pod_tables;
+use crate::runner::NetnsRunner;
+
+/// What the last run of the rule tools concluded for one pod, and the kernel state they
+/// saw. Keep one per pod (per namespace) and pass it to every [`InPod::verify_in`].
+#[derive(Debug, Default)]
+pub struct VerifyMemo {
+    xtables: Vec<Verdict>,
+}
+
+/// One family's verdict: valid while the plan and the ruleset are unchanged.
+#[derive(Debug)]
+struct Verdict {
+    family: Family,
+    plan: RuleSet,
+    seen: Ruleset,
+    findings: Vec<Finding>,
+}
+
+impl VerifyMemo {
+    /// How many families have a reusable verdict (for tests and logs).
+    pub fn verdicts(&self) -> usize {
+        self.xtables.len()
+    }
+
+    fn reuse(&self, family: Family, plan: &RuleSet, now: &Ruleset) -> Option<&[Finding]> {
+        self.xtables
+            .iter()
+            .find(|v| v.family == family && v.plan == *plan && v.seen.same_state(now))
+            .map(|v| v.findings.as_slice())
+    }
+
+    fn forget(&mut self, family: Family) {
+        self.xtables.retain(|v| v.family != family);
+    }
+}
+
+fn nft_family(family: Family) -> NftFamily {
+    match family {
+        Family::V4 => NftFamily::Ip,
+        Family::V6 => NftFamily::Ip6,
+    }
+}
+
+/// Everything read in one visit to the namespace.
+#[derive(Debug)]
+struct Snapshot {
+    routing: Routing,
+    /// `Some` when IPv6 is configured: the `lo` sysctl, `None` if unreadable.
+    lo_disable_ipv6: Option<Option<String>>,
+    /// nftables backend: the `inet` family; iptables: one per configured family.
+    rulesets: Vec<(Option<Family>, Ruleset)>,
+}
+
+impl InPod {
+    /// [`Self::verify`] with in-process reads: same findings, in the same order; rule
+    /// tools run only for an iptables family whose ruleset changed since `memo` last saw
+    /// them judge it (see the module docs). `runner` must run in `netns`.
+    pub fn verify_in(
+        &self,
+        netns: &NetnsFd,
+        runner: &dyn NetnsRunner,
+        memo: &mut VerifyMemo,
+    ) -> Result<VerifyReport, ApplyError> {
+        let snap = match kernel::read_in(netns, || self.snapshot()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "in-process read failed; verifying with the rule tools");
+                *memo = VerifyMemo::default();
+                return self.verify(runner);
+            }
+        };
+        let mut findings = match self.backend {
+            Backend::Iptables => {
+                let mut f = Vec::new();
+                for (family, seen) in &snap.rulesets {
+                    let Some(family) = *family else { continue };
+                    let plan = pod_rules(&self.config, family);
+                    if let Some(found) = memo.reuse(family, &plan, seen) {
+                        f.extend_from_slice(found);
+                        continue;
+                    }
+                    memo.forget(family);
+                    let (found, nf_tables) = xtables::verify_full(runner, family, &plan)?;
+                    // Reusable only if the tools judged nf_tables rules and nothing changed
+                    // while they ran.
+                    let after = kernel::read_in(netns, || Ruleset::read(nft_family(family)));
+                    if nf_tables && after.is_ok_and(|a| a.same_state(seen)) {
+                        memo.xtables.push(Verdict {
+                            family,
+                            plan,
+                            seen: seen.clone(),
+                            findings: found.clone(),
+                        });
+                    }
+                    f.extend(found);
+                }
+                f
+            }
+            Backend::Nftables => {
+                let inet = snap.rulesets.first().map(|(_, r)| r);
+                nftables::verify_listed(
+                    &pod_tables(&self.config),
+                    &[NFT_NAT_TABLE, NFT_MANGLE_TABLE, NFT_RAW_TABLE],
+                    |name| Ok(inet.and_then(|r| r.listed(name))),
+                )?
+            }
+        };
+        for item in NetlinkItem::all(self.config.ipv6) {
+            if item == NetlinkItem::Route(Family::V6)
+                && snap
+                    .lo_disable_ipv6
+                    .as_ref()
+                    .is_some_and(|v| v.as_deref().map(str::trim) != Some("0"))
+            {
+                // No IPv6 on `lo`: no local route can exist, none is expected.
+                continue;
+            }
+            if !snap.routing.has(item) {
+                findings.push(Finding::MissingNetlink(item));
+            }
+        }
+        Ok(VerifyReport { findings })
+    }
+
+    /// Runs on a thread inside the pod's namespace.
+    fn snapshot(&self) -> Result<Snapshot, KernelError> {
+        let lo_disable_ipv6 = self.config.ipv6.then(|| kernel::sysctl(LO_DISABLE_IPV6));
+        let routing = Routing::read(self.config.families())?;
+        let rulesets = match self.backend {
+            Backend::Nftables => vec![(None, Ruleset::read(NftFamily::Inet)?)],
+            Backend::Iptables => self
+                .xtables_families()
+                .iter()
+                .map(|&f| Ok((Some(f), Ruleset::read(nft_family(f))?)))
+                .collect::<Result<_, KernelError>>()?,
+        };
+        Ok(Snapshot {
+            routing,
+            lo_disable_ipv6,
+            rulesets,
+        })
+    }
+}
