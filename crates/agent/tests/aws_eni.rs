@@ -250,7 +250,9 @@ async fn agent_adds_and_removes_branch_eni_rules() {
         .insert("istio.io/dataplane-mode".into(), "none".into());
     source.upsert_pod(off);
     let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    while rules(&topo, "n").contains(&forward) && tokio::time::Instant::now() < end {
+    // The two rules go one after the other: wait for both.
+    let either = |r: &str| r.contains(&forward) || r.contains(&ret);
+    while either(&rules(&topo, "n")) && tokio::time::Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let now = rules(&topo, "n");
