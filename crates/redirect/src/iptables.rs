@@ -70,6 +70,10 @@ pub enum Chain {
     IstioOutput,
     /// Host `ISTIO_POSTRT`.
     IstioPostrt,
+    /// VM inbound `ISTIO_VM_PRERT` ([`crate::vm`]).
+    IstioVmPrert,
+    /// VM outbound `ISTIO_VM_OUTPUT` ([`crate::vm`]).
+    IstioVmOutput,
 }
 
 impl Chain {
@@ -84,6 +88,8 @@ impl Chain {
             Self::IstioPrert => "ISTIO_PRERT",
             Self::IstioOutput => "ISTIO_OUTPUT",
             Self::IstioPostrt => "ISTIO_POSTRT",
+            Self::IstioVmPrert => "ISTIO_VM_PRERT",
+            Self::IstioVmOutput => "ISTIO_VM_OUTPUT",
         }
     }
 
@@ -91,7 +97,11 @@ impl Chain {
     pub fn is_builtin(self) -> bool {
         !matches!(
             self,
-            Self::IstioPrert | Self::IstioOutput | Self::IstioPostrt
+            Self::IstioPrert
+                | Self::IstioOutput
+                | Self::IstioPostrt
+                | Self::IstioVmPrert
+                | Self::IstioVmOutput
         )
     }
 }

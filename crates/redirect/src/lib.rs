@@ -7,7 +7,9 @@
 //!   ([`netlink`]);
 //! - the host rules that SNAT kubelet probes ([`HostRulesConfig`] → [`iptables::host_rules`] /
 //!   [`nft::host_transaction`]);
-//! - the host probe set of enrolled pod IPs ([`ProbeSet`]).
+//! - the host probe set of enrolled pod IPs ([`ProbeSet`]);
+//! - the host-level rules of a VM or bare host running ztunnel in dedicated mode
+//!   ([`VmRedirectConfig`] → [`vm::vm_rules`] / [`vm::vm_transaction`], applied by [`VmRules`]).
 //!
 //! Rules are typed values. Renderers turn them into exactly the text upstream istio-cni feeds to
 //! `iptables-restore` / `nft -f -` (golden-file tested against the spec listings), so an ambit
@@ -31,6 +33,7 @@ pub mod nft;
 pub mod pod;
 pub mod probe_set;
 pub mod runner;
+pub mod vm;
 
 pub use apply::{ApplyError, ApplyOutcome, Finding, Location, VerifyReport};
 pub use config::{Backend, ConfigError, Family, HostRulesConfig, IfaceName, PodRedirectConfig};
@@ -40,6 +43,7 @@ pub use probe_set::{ProbeSet, ProbeSetError};
 pub use runner::{
     Cmd, CmdOutput, CurrentNetns, FdRunner, HostRunner, IpNetnsExec, NetnsRunner, Nsenter, RunError,
 };
+pub use vm::{VmRedirectConfig, VmRules};
 
 /// The in-pod `iptables-restore --noflush` input for one family (`spec/cni.md` §3.2, §3.3).
 pub fn render_iptables(cfg: &PodRedirectConfig, family: Family) -> String {
