@@ -11,7 +11,7 @@
 //! the file loaded), and it stays synced. Nothing may be evaluated against it before: an empty
 //! policy set means "allow", which before the first Authorization response would be a lie.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -38,8 +38,14 @@ pub struct ResolvedEndpoint {
 struct Inner {
     workloads: HashMap<WorkloadUid, Arc<Workload>>,
     workloads_by_addr: HashMap<NetworkAddr, WorkloadUid>,
+    /// namespace → name → uids: finding the workload a proxy serves (every inbound
+    /// connection, every DNS query) is a lookup, not a scan over every workload.
+    workloads_by_name: HashMap<String, HashMap<String, BTreeSet<WorkloadUid>>>,
     services: HashMap<NamespacedHostname, Arc<Service>>,
     services_by_vip: HashMap<NetworkAddr, NamespacedHostname>,
+    /// Hostname → the services with it (one per namespace at most), ordered by key: a DNS
+    /// query or a hostname CONNECT costs a lookup per candidate name, not a scan.
+    services_by_host: HashMap<String, BTreeSet<NamespacedHostname>>,
     /// Service → member workloads with their port maps, derived from `Workload.services` and
     /// from endpoints listed on the service itself (local config).
     endpoints: HashMap<NamespacedHostname, BTreeMap<WorkloadUid, PortMap>>,
@@ -269,17 +275,16 @@ impl ProxyState {
         self.read().services.get(key).cloned()
     }
 
-    /// Services with this hostname in any namespace (DNS and hostname CONNECT targets).
+    /// Services with this hostname in any namespace (DNS and hostname CONNECT targets),
+    /// ordered by key.
     pub fn services_by_hostname(&self, hostname: &str) -> Vec<Arc<Service>> {
-        let mut v: Vec<_> = self
-            .read()
-            .services
-            .values()
-            .filter(|s| s.hostname() == hostname)
-            .cloned()
-            .collect();
-        v.sort_by(|a, b| a.key.cmp(&b.key));
-        v
+        let inner = self.read();
+        let Some(keys) = inner.services_by_host.get(hostname) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .filter_map(|k| inner.services.get(k).cloned())
+            .collect()
     }
 
     pub fn all_services(&self) -> Vec<Arc<Service>> {
@@ -328,18 +333,15 @@ impl ProxyState {
         node: Option<&str>,
     ) -> Option<Arc<Workload>> {
         let inner = self.read();
-        let mut found: Vec<&Arc<Workload>> = inner
-            .workloads
-            .values()
-            .filter(|w| {
-                w.name == name
-                    && w.namespace() == namespace
-                    && w.service_account() == service_account
-                    && node.is_none_or(|n| w.node == n)
-            })
-            .collect();
-        found.sort_by(|a, b| a.uid.cmp(&b.uid));
-        found.first().map(|w| (*w).clone())
+        // The index is ordered by uid, so the first match is the smallest uid.
+        inner
+            .workloads_by_name
+            .get(namespace)?
+            .get(name)?
+            .iter()
+            .filter_map(|uid| inner.workloads.get(uid))
+            .find(|w| w.service_account() == service_account && node.is_none_or(|n| w.node == n))
+            .cloned()
     }
 
     /// Authorization decision for a connection to `workload`.
@@ -375,6 +377,12 @@ impl Inner {
         for addr in w.network_addrs() {
             self.workloads_by_addr.insert(addr, w.uid.clone());
         }
+        self.workloads_by_name
+            .entry(w.namespace().to_string())
+            .or_default()
+            .entry(w.name.clone())
+            .or_default()
+            .insert(w.uid.clone());
         for (svc, ports) in &w.services {
             self.endpoints
                 .entry(svc.clone())
@@ -388,6 +396,17 @@ impl Inner {
         let Some(old) = self.workloads.remove(uid) else {
             return false;
         };
+        if let Some(names) = self.workloads_by_name.get_mut(old.namespace()) {
+            if let Some(uids) = names.get_mut(&old.name) {
+                uids.remove(&old.uid);
+                if uids.is_empty() {
+                    names.remove(&old.name);
+                }
+            }
+            if names.is_empty() {
+                self.workloads_by_name.remove(old.namespace());
+            }
+        }
         for addr in old.network_addrs() {
             if self
                 .workloads_by_addr
@@ -409,6 +428,10 @@ impl Inner {
         for vip in &s.vips {
             self.services_by_vip.insert(vip.clone(), s.key.clone());
         }
+        self.services_by_host
+            .entry(s.hostname().to_string())
+            .or_default()
+            .insert(s.key.clone());
         // Endpoints listed on the service itself (local config form).
         for (uid, ep) in &s.endpoints {
             self.endpoints
@@ -428,6 +451,12 @@ impl Inner {
                 self.services_by_vip.remove(vip);
             }
         }
+        if let Some(keys) = self.services_by_host.get_mut(old.hostname()) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.services_by_host.remove(old.hostname());
+            }
+        }
         if let Some(members) = self.endpoints.get_mut(key) {
             for uid in old.endpoints.keys() {
                 // Keep membership that workloads declare themselves.
@@ -443,3 +472,6 @@ impl Inner {
         true
     }
 }
+
+#[cfg(test)]
+mod tests;

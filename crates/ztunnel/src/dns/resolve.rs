@@ -390,6 +390,52 @@ mod tests {
         assert_eq!(got.addrs, vec!["10.99.0.1".parse::<IpAddr>().unwrap()]);
     }
 
+    /// Hole: every candidate name and wildcard parent scanned every service, so one query
+    /// (a miss walks them all) cost time proportional to the number of services. Timing
+    /// compares the best of many runs; the threshold is far from both the indexed ratio (~1)
+    /// and the scanning one (hundreds).
+    #[test]
+    fn query_cost_does_not_grow_with_the_service_count() {
+        let client = workload("client", "default", "", &["10.244.0.9"]);
+        let cfg = NameConfig {
+            cluster_domain: "cluster.local",
+            prefered_service_namespace: None,
+            ipv6_enabled: true,
+        };
+        let best_of = |n: usize| {
+            let svcs = (0..n)
+                .map(|i| {
+                    let ns = format!("ns{}", i % 100);
+                    let ip = format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
+                    service(&ns, &format!("svc{i}.{ns}.svc.cluster.local"), &[("", &ip)])
+                })
+                .collect();
+            let state = ProxyState::new();
+            state.replace_local(vec![], svcs, vec![]);
+            (0..20)
+                .map(|_| {
+                    let started = std::time::Instant::now();
+                    for _ in 0..10 {
+                        std::hint::black_box(resolve(
+                            &state,
+                            &cfg,
+                            &client,
+                            "a.b.c.d.example.org.default.svc.cluster.local",
+                            Family::V4,
+                        ));
+                    }
+                    started.elapsed()
+                })
+                .min()
+                .unwrap()
+        };
+        let (small, large) = (best_of(10), best_of(10_000));
+        assert!(
+            large < small * 10,
+            "10 services: {small:?}, 10,000 services: {large:?} per 10 queries"
+        );
+    }
+
     #[test]
     fn candidate_order() {
         let search = search_domains("ns", "cluster.local");
