@@ -1,28 +1,28 @@
-//! Micro-benchmark of the per-connection authorization check with 10,000 policies known to
-//! the node: spread over 1,000 namespaces (10 apply to the workload, the common case) and
-//! all in the workload's namespace (every one applies: the worst case, a linear scan).
+//! Micro-benchmark of the per-connection authorization check as the number of policies the
+//! node knows grows (100, 1,000, 10,000): all in the workload's namespace (every one
+//! applies: before the index, a linear scan) and spread over namespaces (10 per
+//! namespace). Each policy allows one principal; only the last policy of the workload's
+//! namespace allows the caller. `plain walk` is the reference evaluation over every
+//! applicable policy (what `PolicySet::evaluate` did before the index), for comparison.
 //! Run with `cargo bench -p ambit-bench --bench authz` (results in BENCHMARKS.md).
 
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
-use ambit_model::authz::Connection;
+use ambit_model::authz::{Connection, evaluate};
 use ambit_model::{LocalConfig, PolicySet, SpiffeId};
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
-const POLICIES: usize = 10_000;
-
-/// A local config with one workload (`default/server`) and `POLICIES` ALLOW policies
+/// A local config with one workload (`default/server`) and `policies` ALLOW policies
 /// spread round-robin over `namespaces` namespaces (`default` first). Each allows one
-/// principal; only the last policy of `default` allows the caller, so evaluation walks
-/// every policy that applies before it finds the match.
-fn config(namespaces: usize) -> LocalConfig {
+/// principal; only the last policy of `default` allows the caller.
+fn config(policies: usize, namespaces: usize) -> LocalConfig {
     let mut y = String::from(
         "workloads:\n- uid: cluster1//v1/Pod/default/server\n  name: server\n  namespace: default\n  serviceAccount: server\n  trustDomain: cluster.local\n  node: node1\n  workloadIps: [\"10.0.0.2\"]\n  protocol: HBONE\nservices: []\npolicies:\n",
     );
-    let in_default = POLICIES.div_ceil(namespaces);
-    for i in 0..POLICIES {
+    let in_default = policies.div_ceil(namespaces);
+    for i in 0..policies {
         let ns = match i % namespaces {
             0 => "default".to_string(),
             n => format!("ns{n}"),
@@ -47,20 +47,39 @@ fn bench(c: &mut Criterion) {
         dst_ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
         dst_port: 8080,
     };
-    let mut group = c.benchmark_group("authorize, 10k policies");
-    for (label, namespaces) in [("10 apply", 1_000), ("all 10k apply", 1)] {
-        let cfg = config(namespaces);
-        let workload = cfg.workloads[0].clone();
-        let mut set = PolicySet::new();
-        for p in cfg.policies {
-            set.insert(p);
+    for (layout, per_namespace) in [
+        ("all in one namespace", None),
+        ("10 per namespace", Some(10)),
+    ] {
+        let mut group = c.benchmark_group(format!("authorize, {layout}"));
+        for policies in [100, 1_000, 10_000] {
+            let namespaces = per_namespace.map_or(1, |k| policies / k);
+            let cfg = config(policies, namespaces);
+            let workload = cfg.workloads[0].clone();
+            let mut set = PolicySet::new();
+            for p in cfg.policies {
+                set.insert(p);
+            }
+            assert_eq!(set.len(), policies);
+            assert!(set.evaluate(&workload, &conn).is_allowed());
+            group.bench_with_input(BenchmarkId::new("indexed", policies), &policies, |b, _| {
+                b.iter(|| black_box(set.evaluate(black_box(&workload), black_box(&conn))))
+            });
+            group.bench_with_input(
+                BenchmarkId::new("plain walk", policies),
+                &policies,
+                |b, _| {
+                    b.iter(|| {
+                        black_box(evaluate(
+                            set.for_workload(black_box(&workload)),
+                            black_box(&conn),
+                        ))
+                    })
+                },
+            );
         }
-        assert_eq!(set.len(), POLICIES);
-        group.bench_function(label, |b| {
-            b.iter(|| black_box(set.evaluate(black_box(&workload), black_box(&conn))))
-        });
+        group.finish();
     }
-    group.finish();
 }
 
 criterion_group!(benches, bench);

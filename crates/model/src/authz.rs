@@ -2,6 +2,7 @@
 //! connections (spec §6). Pure: no I/O, no logging — callers log the [`Decision`].
 
 mod eval;
+mod index;
 mod set;
 
 pub use eval::{Connection, Decision, DenyReason, DryRunMatch, Verdict, evaluate};

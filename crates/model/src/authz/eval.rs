@@ -78,6 +78,21 @@ where
     I: IntoIterator<Item = &'p Authorization>,
     I::IntoIter: Clone,
 {
+    evaluate_with(policies, conn, false)
+}
+
+/// [`evaluate`] over a subset of the applicable policies that holds every one that can
+/// match `conn` (in their order), with `allow_applies` telling whether a non-dry-run ALLOW
+/// policy is among the ones left out: the decision is the same as over all of them.
+pub(super) fn evaluate_with<'p, I>(
+    policies: I,
+    conn: &Connection,
+    allow_applies: bool,
+) -> Decision<'p>
+where
+    I: IntoIterator<Item = &'p Authorization>,
+    I::IntoIter: Clone,
+{
     let policies = policies.into_iter();
     let attrs = Attrs::new(conn);
     let mut dry_run = Vec::new();
@@ -102,7 +117,7 @@ where
         };
     }
 
-    let mut have_allow = false;
+    let mut have_allow = allow_applies;
     let mut allowed = false;
     for policy in policies.filter(|p| p.action == Action::Allow) {
         if policy.dry_run {

@@ -1,11 +1,14 @@
 //! The policies a node knows, indexed so that finding those that apply to a workload costs one
-//! hash lookup per namespace plus one per selector policy the workload names, however many
-//! policies exist. Policies are shared (`Arc`) between indexes; evaluation borrows them.
+//! hash lookup per namespace plus one per selector policy the workload names, and finding
+//! those among them that can match a connection costs a fixed number of lookups
+//! (`index.rs`), however many policies exist. Policies are shared (`Arc`) between indexes;
+//! evaluation borrows them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::eval::{Connection, Decision, evaluate};
+use super::eval::{Connection, Decision, evaluate_with};
+use super::index::Group;
 use super::{Authorization, Scope};
 use crate::names::PolicyKey;
 use crate::workload::Workload;
@@ -13,10 +16,10 @@ use crate::workload::Workload;
 #[derive(Debug, Default, Clone)]
 pub struct PolicySet {
     by_key: HashMap<PolicyKey, Arc<Authorization>>,
-    /// Namespace-scoped policies by namespace, then by name (ordered, so the policy named in
-    /// a deny reason does not depend on hash order).
-    by_namespace: HashMap<String, BTreeMap<String, Arc<Authorization>>>,
-    global: BTreeMap<PolicyKey, Arc<Authorization>>,
+    /// Namespace-scoped policies by namespace, ordered by key (so the policy named in a deny
+    /// reason does not depend on hash order).
+    by_namespace: HashMap<String, Group>,
+    global: Group,
 }
 
 impl PolicySet {
@@ -31,13 +34,13 @@ impl PolicySet {
         let policy = Arc::new(policy);
         match policy.scope {
             Scope::Global => {
-                self.global.insert(key.clone(), Arc::clone(&policy));
+                self.global.insert(Arc::clone(&policy));
             }
             Scope::Namespace => {
                 self.by_namespace
                     .entry(key.namespace().to_string())
                     .or_default()
-                    .insert(key.name().to_string(), Arc::clone(&policy));
+                    .insert(Arc::clone(&policy));
             }
             // Reached only through the workloads that name it.
             Scope::WorkloadSelector => {}
@@ -53,9 +56,9 @@ impl PolicySet {
                 self.global.remove(key);
             }
             Scope::Namespace => {
-                if let Some(names) = self.by_namespace.get_mut(key.namespace()) {
-                    names.remove(key.name());
-                    if names.is_empty() {
+                if let Some(group) = self.by_namespace.get_mut(key.namespace()) {
+                    group.remove(key);
+                    if group.is_empty() {
                         self.by_namespace.remove(key.namespace());
                     }
                 }
@@ -92,13 +95,13 @@ impl PolicySet {
             .by_namespace
             .get(workload.namespace())
             .into_iter()
-            .flat_map(BTreeMap::values);
+            .flat_map(|g| g.all().values());
         let selected = workload
             .authorization_policies
             .iter()
             .filter_map(|key| self.by_key.get(key));
         namespaced
-            .chain(self.global.values())
+            .chain(self.global.all().values())
             .chain(selected)
             .map(Arc::as_ref)
     }
@@ -114,9 +117,27 @@ impl PolicySet {
             .filter(|key| !self.by_key.contains_key(*key))
     }
 
-    /// Evaluates the policies that apply to `workload` for an inbound connection to it.
+    /// Evaluates the policies that apply to `workload` for an inbound connection to it: the
+    /// same decision as [`super::evaluate`] over [`Self::for_workload`], with only the namespace
+    /// and global policies that can match `conn` walked (found through the index) plus
+    /// every policy the workload names.
     pub fn evaluate(&self, workload: &Workload, conn: &Connection) -> Decision<'_> {
-        evaluate(self.for_workload(workload), conn)
+        let namespace = self.by_namespace.get(workload.namespace());
+        let namespaced = namespace.map(|g| g.candidates(conn)).unwrap_or_default();
+        let global = self.global.candidates(conn);
+        let selected = workload
+            .authorization_policies
+            .iter()
+            .filter_map(|key| self.by_key.get(key));
+        let policies = namespaced
+            .into_iter()
+            .chain(global)
+            .chain(selected)
+            .map(Arc::as_ref);
+        // Whether any ALLOW policy applies, matching or not, is the one fact the
+        // candidates alone cannot tell (no ALLOW policy at all allows).
+        let allow_applies = namespace.is_some_and(Group::has_allow) || self.global.has_allow();
+        evaluate_with(policies.collect::<Vec<_>>(), conn, allow_applies)
     }
 }
 
