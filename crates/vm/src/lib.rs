@@ -1,0 +1,14 @@
+//! VMs and bare hosts in the ambient mesh (`docs/vm.md`).
+//!
+//! Istio onboards a VM with the files `istioctl x workload entry configure` writes:
+//! `cluster.env`, `mesh.yaml`, `hosts`, `root-cert.pem` and `istio-token`. This crate owns
+//! reading that bundle into typed settings ([`Bundle`]): who the VM is (namespace, service
+//! account, labels), where its control plane is, and what its host-level redirection captures
+//! (a [`ambit_redirect::vm::VmRedirectConfig`]). It does no I/O beyond reading the bundle's
+//! files; `ambit vm up` applies the result.
+
+#![forbid(unsafe_code)]
+
+pub mod bundle;
+
+pub use bundle::{Bundle, BundleError, BundleErrors, Identity};
