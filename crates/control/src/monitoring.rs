@@ -4,17 +4,18 @@
 //!
 //! An outage of the API server does not make the control plane unready: it keeps serving the
 //! last snapshot it has (see [`crate::kube_source`]).
+//!
+//! Served by the one HTTP/1 server loop ([`ambit_http`]) with its default bounds plus a 30 s
+//! lifetime per connection (a scrape or probe is one request).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use ambit_http::Body;
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, header};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -107,32 +108,27 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<Monitoring
     let addr = listener
         .local_addr()
         .map_err(|source| ControlError::Listen { addr, source })?;
-    let task = tokio::spawn(async move {
-        let mut conns = tokio::task::JoinSet::new();
-        loop {
-            let (tcp, _) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(a) => a,
-                    Err(_) => continue,
-                },
-                Some(_) = conns.join_next() => continue,
-            };
-            let metrics = metrics.clone();
-            conns.spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let metrics = metrics.clone();
-                    async move { Ok::<_, Infallible>(answer(&metrics, &req)) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), service);
-                let _ = tokio::time::timeout(CONNECTION_DEADLINE, conn).await;
-            });
-        }
-    });
+    let limits = ambit_http::Limits {
+        connection_deadline: Some(CONNECTION_DEADLINE),
+        ..ambit_http::Limits::default()
+    };
+    let handler = move |req: Request<hyper::body::Incoming>| {
+        let metrics = metrics.clone();
+        async move { answer(&metrics, &req) }
+    };
+    // Runs until the handle is dropped (the task is aborted then).
+    let task = tokio::spawn(ambit_http::serve(
+        "control monitoring",
+        listener,
+        limits,
+        std::future::pending(),
+        std::future::pending(),
+        handler,
+    ));
     Ok(Monitoring { addr, task })
 }
 
-fn answer<B>(metrics: &Metrics, req: &Request<B>) -> Response<Full<Bytes>> {
+fn answer<B>(metrics: &Metrics, req: &Request<B>) -> Response<Body> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
         (&Method::GET, "/ready") if metrics.is_ready() => {
             (StatusCode::OK, "text/plain", "ready\n".to_string())
@@ -153,7 +149,7 @@ fn answer<B>(metrics: &Metrics, req: &Request<B>) -> Response<Full<Bytes>> {
             "not found\n".to_string(),
         ),
     };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let mut response = Response::new(Body::new(Bytes::from(body)));
     *response.status_mut() = status;
     if let Ok(v) = header::HeaderValue::from_str(content_type) {
         response.headers_mut().insert(header::CONTENT_TYPE, v);
