@@ -86,6 +86,9 @@ pub struct AgentConfig {
     pub kubelet_uid: u32,
     /// ZDS timeouts and limits.
     pub zds: ZdsConfig,
+    /// Bounds of the health, metrics, plugin-event and plugin-log servers (ztunnel's
+    /// local-endpoint settings; not configurable from the environment).
+    pub http: ambit_http::Limits,
 }
 
 /// A file name inside a directory (no `/`, not `.`/`..`).
@@ -275,6 +278,7 @@ impl AgentConfig {
                 s.parse::<u32>().map_err(|_| "expected a numeric uid")
             }),
             zds: ZdsConfig::default(),
+            http: ambit_http::Limits::default(),
         };
         v.finish("agent", cfg)
     }

@@ -287,7 +287,7 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
     let zds = ZdsServer::new(cfg.zds.clone(), Some(metrics.ztunnel_connected.clone()));
     let zds_listener = ZdsServer::bind(&cfg.zds_socket)?;
     let servers = http::Servers::bind(&cfg).await?;
-    let log_server = LogServer::bind(&cfg.run_dir)?;
+    let log_server = LogServer::bind(&cfg.run_dir)?.with_limits(cfg.http);
     let (health_addr, metrics_addr) = (servers.health_addr, servers.metrics_addr);
 
     let entry = plugin_entry(

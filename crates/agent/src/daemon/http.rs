@@ -1,12 +1,13 @@
 //! The agent's HTTP servers: plugin events on `<run_dir>/pluginevent.sock` (HTTP/1.1,
 //! mode 0666, `POST /cmdadd`, §5.3), health on `/healthz` + `/readyz` (§6.2) and
-//! Prometheus `/metrics` (§6.3).
+//! Prometheus `/metrics` (§6.3), all on the one HTTP/1 server loop ([`ambit_http`]) with
+//! [`AgentConfig::http`]'s bounds: header-read deadline, body limit (`/cmdadd` included:
+//! `413` beyond it), connection cap, backoff after a failed accept.
 //!
 //! Deviation: a pod that is not ambient gets 200 from `/cmdadd` (upstream: 500 "not
 //! eligible"), because our plugin posts every pod and leaves the decision to the agent
 //! (see [`crate::plugin`]).
 
-use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -14,11 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use ambit_http::{Body, Limits};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -97,75 +97,62 @@ impl Servers {
         core: Arc<Core<S>>,
         stop: watch::Receiver<bool>,
     ) {
-        let (c, s) = (core.clone(), stop.clone());
-        let plugin = self.plugin;
-        tasks.spawn(async move {
-            serve(
-                || async { plugin.accept().await.map(|(io, _)| io) },
-                c,
-                Route::Plugin,
-                s,
-            )
-            .await
-        });
-        for (listener, route) in [(self.health, Route::Health), (self.metrics, Route::Metrics)] {
-            let (c, s) = (core.clone(), stop.clone());
-            tasks.spawn(async move {
-                serve(
-                    || async { listener.accept().await.map(|(io, _)| io) },
-                    c,
-                    route,
-                    s,
-                )
-                .await
-            });
+        let limits = core.cfg.http;
+        tasks.spawn(serve(
+            "plugin events",
+            self.plugin,
+            limits,
+            core.clone(),
+            Route::Plugin,
+            stop.clone(),
+        ));
+        for (name, listener, route) in [
+            ("health", self.health, Route::Health),
+            ("metrics", self.metrics, Route::Metrics),
+        ] {
+            tasks.spawn(serve(
+                name,
+                listener,
+                limits,
+                core.clone(),
+                route,
+                stop.clone(),
+            ));
         }
     }
 }
 
-async fn serve<S, IO, F, Fut>(
-    accept: F,
+/// Serves one route until `stop` turns true; open connections are then dropped.
+async fn serve<S: PodSource>(
+    name: &'static str,
+    listener: impl ambit_http::Listener,
+    limits: Limits,
     core: Arc<Core<S>>,
     route: Route,
-    mut stop: watch::Receiver<bool>,
-) where
-    S: PodSource,
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    F: Fn() -> Fut,
-    Fut: Future<Output = std::io::Result<IO>>,
-{
-    let mut conns = JoinSet::new();
-    loop {
-        let io = tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            io = accept() => match io {
-                Ok(io) => io,
-                Err(e) => {
-                    tracing::warn!(?route, error = %e, "accept failed");
-                    continue;
-                }
-            },
-        };
+    stop: watch::Receiver<bool>,
+) {
+    let stopped = async move {
+        let mut stop = stop;
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let handler = move |req| {
         let core = core.clone();
-        conns.spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let core = core.clone();
-                async move { Ok::<_, Infallible>(handle(&core, route, req).await) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(io), svc)
-                .await
-            {
-                tracing::debug!(?route, error = %e, "http connection error");
-            }
-        });
-    }
-    conns.shutdown().await;
+        async move { handle(&core, route, req).await }
+    };
+    // Stopping drops open connections at once, as the agent always has.
+    ambit_http::serve(
+        name,
+        listener,
+        limits,
+        stopped,
+        std::future::ready(()),
+        handler,
+    )
+    .await;
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Body::new(body.into()));
     *r.status_mut() = status;
     r
 }
@@ -174,7 +161,7 @@ async fn handle<S: PodSource>(
     core: &Core<S>,
     route: Route,
     req: Request<Incoming>,
-) -> Response<Full<Bytes>> {
+) -> Response<Body> {
     match (route, req.method(), req.uri().path()) {
         (Route::Health, &Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (Route::Health, &Method::GET, "/readyz") => {
@@ -213,10 +200,10 @@ async fn handle<S: PodSource>(
 /// still need.
 const NAMESPACE_WAIT: Duration = Duration::from_secs(1);
 
-async fn cmd_add<S: PodSource>(core: &Core<S>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return text(StatusCode::BAD_REQUEST, format!("reading body: {e}")),
+async fn cmd_add<S: PodSource>(core: &Core<S>, req: Request<Incoming>) -> Response<Body> {
+    let body = match ambit_http::read_body(req.into_body(), core.cfg.http.max_body).await {
+        Ok(b) => b,
+        Err(e) => return e.response(),
     };
     let ev: CmdAddRequest = match serde_json::from_slice(&body) {
         Ok(ev) => ev,

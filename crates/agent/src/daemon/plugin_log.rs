@@ -6,20 +6,17 @@
 //! not drop what it cannot parse. Bodies are capped at [`MAX_BODY`].
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ambit_http::{Body, Limits};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 pub use crate::plugin::log::{LOG_SOCKET, Level};
 
@@ -101,6 +98,7 @@ pub type Sink = Arc<dyn Fn(PluginLogLine) + Send + Sync>;
 pub struct LogServer {
     listener: UnixListener,
     sink: Sink,
+    limits: Limits,
     /// The socket path.
     pub path: PathBuf,
 }
@@ -140,8 +138,22 @@ impl LogServer {
         Ok(Self {
             listener,
             sink: Arc::new(|l| emit(&l)),
+            limits: Limits {
+                max_body: MAX_BODY,
+                ..Limits::default()
+            },
             path,
         })
+    }
+
+    /// Serves with these bounds instead of the default ones (the body limit stays
+    /// [`MAX_BODY`] unless set lower).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = Limits {
+            max_body: limits.max_body.min(MAX_BODY),
+            ..limits
+        };
+        self
     }
 
     /// Sends lines to `sink` instead of `tracing` (tests, other log pipelines).
@@ -151,48 +163,41 @@ impl LogServer {
     }
 
     /// Serves until `stop` turns true; open connections are then dropped.
-    pub async fn serve(self, mut stop: watch::Receiver<bool>) {
-        let mut conns = JoinSet::new();
-        loop {
-            let io = tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-                io = self.listener.accept() => match io {
-                    Ok((io, _)) => io,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "plugin log socket accept failed");
-                        continue;
-                    }
-                },
-            };
-            let sink = self.sink.clone();
-            conns.spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let sink = sink.clone();
-                    async move { Ok::<_, Infallible>(handle(&sink, req).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(io), svc)
-                    .await;
-            });
-        }
-        conns.shutdown().await;
+    pub async fn serve(self, stop: watch::Receiver<bool>) {
+        let stopped = async move {
+            let mut stop = stop;
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        let (sink, max_body) = (self.sink, self.limits.max_body);
+        let handler = move |req| {
+            let sink = sink.clone();
+            async move { handle(&sink, req, max_body).await }
+        };
+        ambit_http::serve(
+            "plugin log",
+            self.listener,
+            self.limits,
+            stopped,
+            std::future::ready(()),
+            handler,
+        )
+        .await;
     }
 }
 
-fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Body::new(body.into()));
     *r.status_mut() = status;
     r
 }
 
-async fn handle(sink: &Sink, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(sink: &Sink, req: Request<Incoming>, max_body: usize) -> Response<Body> {
     if req.method() != Method::POST || req.uri().path() != "/log" {
         return reply(StatusCode::NOT_FOUND, "not found");
     }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return reply(StatusCode::BAD_REQUEST, format!("reading body: {e}")),
+    let body = match ambit_http::read_body(req.into_body(), max_body).await {
+        Ok(b) => b,
+        Err(e) => return e.response(),
     };
     let lines: Vec<String> = match serde_json::from_slice(&body) {
         Ok(l) => l,
