@@ -96,12 +96,18 @@ enum Command {
         after_help = "Examples:\n  sudo ambit ztunnel-config workloads\n  sudo ambit ztunnel-config certificates --node node1\n  sudo ambit ztunnel-config services -o json\n  ambit ztunnel-config workloads ztunnel-x7k2p.istio-system --workload-namespace demo\n  ambit ztunnel-config all --kubernetes --node worker-1 -o yaml\n  ambit ztunnel-config connections --file dump.json --direction inbound"
     )]
     ZtunnelConfig(ops::ZtunnelConfigArgs),
-    /// Run a node's ztunnel or CNI agent again (same command and environment): the old one
-    /// is stopped, the new one started and waited for until ready.
+    /// Run a node's ztunnel or CNI agent again (same command and environment) and wait until
+    /// it is ready, or re-create a pod's sandbox (new network namespace, CNI DEL and ADD).
     #[command(
-        after_help = "Examples:\n  sudo ambit restart ztunnel node2\n  sudo ambit restart agent node1 --timeout 30"
+        after_help = "Examples:\n  sudo ambit restart ztunnel node2\n  sudo ambit restart agent node1 --timeout 30\n  sudo ambit restart pod demo/server"
     )]
     Restart(ops::RestartArgs),
+    /// Stop a component of a running embedded mesh for a while (an outage rehearsal); `ambit
+    /// up` starts it again after.
+    #[command(
+        after_help = "Examples:\n  sudo ambit stop control --for 30\n  sudo ambit stop ztunnel node1 --for 5"
+    )]
+    Stop(ops::StopArgs),
     /// Print shell completions.
     #[command(
         after_help = "Examples:\n  ambit completions bash > /etc/bash_completion.d/ambit\n  ambit completions zsh > \"${fpath[1]}/_ambit\"\n  ambit completions fish > ~/.config/fish/completions/ambit.fish"
@@ -149,6 +155,7 @@ fn main() -> ExitCode {
         Command::Logs(args) => ops::logs(args),
         Command::ZtunnelConfig(args) => ops::ztunnel_config(args),
         Command::Restart(args) => ops::restart(args),
+        Command::Stop(args) => ops::stop(args),
         Command::Completions(args) => {
             ops::completions(args, <Cli as clap::CommandFactory>::command())
         }

@@ -122,12 +122,9 @@ pub fn apply(args: ApplyArgs, op: ambit_mesh::api::Op) -> ExitCode {
         }
     };
     let run = RunDir::new(&args.run.run_dir);
-    let req = ambit_mesh::api::Request {
-        op,
-        file: if name == "-" { "<stdin>".into() } else { name },
-        text,
-        node: None,
-    };
+    let mut req = ambit_mesh::api::Request::new(op);
+    req.file = if name == "-" { "<stdin>".into() } else { name };
+    req.text = text;
     match ambit_mesh::api::request(&run, &req) {
         Ok(resp) => answered(&resp, "error"),
         Err(e) => {
@@ -345,6 +342,8 @@ pub fn completions(args: CompletionsArgs, mut cmd: clap::Command) -> ExitCode {
 pub enum RestartComponent {
     Ztunnel,
     Agent,
+    /// A pod's sandbox (its network namespace), as a kubelet re-creates a lost one.
+    Pod,
 }
 
 #[derive(Debug, clap::Args)]
@@ -354,7 +353,7 @@ pub struct RestartArgs {
     /// Which node component.
     #[arg(value_enum)]
     component: RestartComponent,
-    /// The node.
+    /// The node (for `pod`: the pod, NAME or NAMESPACE/NAME).
     node: String,
     /// How long the new process may take to become ready.
     #[arg(long, default_value = "60", value_name = "SECONDS")]
@@ -367,6 +366,18 @@ pub fn restart(args: RestartArgs) -> ExitCode {
     let component = match args.component {
         RestartComponent::Ztunnel => Component::Ztunnel,
         RestartComponent::Agent => Component::Agent,
+        RestartComponent::Pod => {
+            // Only the orchestrator owns the namespaces.
+            let mut req = ambit_mesh::api::Request::new(ambit_mesh::api::Op::RestartPod);
+            req.pod = Some(args.node.clone());
+            return match ambit_mesh::api::request(&run, &req) {
+                Ok(resp) => answered(&resp, "ambit restart"),
+                Err(e) => {
+                    eprintln!("ambit restart: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
     };
     // A running orchestrator does it: it replaces a ztunnel with an overlap (it owns the
     // namespaces), and its supervisor must not take the old process's exit for a crash.
@@ -374,12 +385,8 @@ pub fn restart(args: RestartArgs) -> ExitCode {
         Component::Ztunnel => (ambit_mesh::api::Op::RestartZtunnel, "ztunnel"),
         Component::Agent => (ambit_mesh::api::Op::RestartAgent, "agent"),
     };
-    let req = ambit_mesh::api::Request {
-        op,
-        file: String::new(),
-        text: String::new(),
-        node: Some(args.node.clone()),
-    };
+    let mut req = ambit_mesh::api::Request::new(op);
+    req.node = Some(args.node.clone());
     match ambit_mesh::api::request(&run, &req) {
         Ok(resp) => return answered(&resp, "ambit restart"),
         Err(ambit_mesh::api::ApiError::Connect { .. }) => {
@@ -411,6 +418,51 @@ pub fn restart(args: RestartArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("ambit restart: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum StopComponent {
+    Control,
+    Agent,
+    Ztunnel,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StopArgs {
+    #[command(flatten)]
+    run: RunDirArgs,
+    /// Which component.
+    #[arg(value_enum)]
+    component: StopComponent,
+    /// The node (for `agent` and `ztunnel`).
+    node: Option<String>,
+    /// How long it stays stopped before `ambit up` starts it again.
+    #[arg(long = "for", value_name = "SECONDS")]
+    seconds: u64,
+}
+
+/// `ambit stop`: the orchestrator stops the component and its supervisor starts it again.
+pub fn stop(args: StopArgs) -> ExitCode {
+    let component = match args.component {
+        StopComponent::Control => "control",
+        StopComponent::Agent => "agent",
+        StopComponent::Ztunnel => "ztunnel",
+    };
+    if matches!(args.component, StopComponent::Control) != args.node.is_none() {
+        eprintln!("ambit stop: `control` takes no node; `agent` and `ztunnel` need one");
+        return ExitCode::FAILURE;
+    }
+    let mut req = ambit_mesh::api::Request::new(ambit_mesh::api::Op::Stop);
+    req.component = Some(component.to_owned());
+    req.node = args.node;
+    req.seconds = Some(args.seconds);
+    match ambit_mesh::api::request(&RunDir::new(&args.run.run_dir), &req) {
+        Ok(resp) => answered(&resp, "ambit stop"),
+        Err(e) => {
+            eprintln!("ambit stop: {e}");
             ExitCode::FAILURE
         }
     }

@@ -34,6 +34,11 @@ pub struct UpArgs {
     /// upstream's, to check interop): no arguments, upstream's environment variables.
     #[arg(long, value_name = "PATH")]
     ztunnel_bin: Option<PathBuf>,
+    /// Workload certificate lifetime the ztunnels ask for (their SECRET_TTL; default 24 h):
+    /// a short one rehearses renewals, at half of it. At least 60 (the control plane's
+    /// shortest).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(60..))]
+    cert_ttl: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -143,6 +148,7 @@ pub fn up(args: UpArgs) -> ExitCode {
         timeout: Duration::from_secs(args.timeout),
         log_level: args.log_level,
         dns_capture: args.dns_capture,
+        cert_ttl: args.cert_ttl.map(Duration::from_secs),
         cancel: cancel.clone(),
     };
     let mesh = match Mesh::up(cfg, &|line| progress(&format!("· {line}"))) {

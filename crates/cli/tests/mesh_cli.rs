@@ -42,6 +42,7 @@ fn completions_for_every_shell() {
         "logs",
         "ztunnel-config",
         "restart",
+        "stop",
     ] {
         let out = Command::new(AMBIT).args([cmd, "--help"]).output().unwrap();
         assert!(

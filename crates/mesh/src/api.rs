@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::RunDir;
+use crate::state::{Role, RunDir};
 use crate::up::Mesh;
 
 /// Largest request accepted (manifests are text; this is generous).
@@ -37,6 +37,12 @@ pub enum Op {
     /// Restart a node's agent (`node` names it): stop, start, wait until ready.
     #[serde(rename = "restart-agent")]
     RestartAgent,
+    /// Re-create a pod's sandbox (`pod` names it): a new network namespace, CNI DEL and ADD.
+    #[serde(rename = "restart-pod")]
+    RestartPod,
+    /// Stop a component (`component`, with `node` for an agent or ztunnel) for `seconds`;
+    /// the supervisor starts it again after.
+    Stop,
 }
 
 /// One request.
@@ -48,9 +54,33 @@ pub struct Request {
     pub file: String,
     #[serde(default)]
     pub text: String,
-    /// The node, for `restart-ztunnel` and `restart-agent`.
+    /// The node, for `restart-ztunnel`, `restart-agent` and `stop`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The pod (`NAME` or `NAMESPACE/NAME`), for `restart-pod`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// `control`, `agent` or `ztunnel`, for `stop`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component: Option<String>,
+    /// How long, for `stop`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<u64>,
+}
+
+impl Request {
+    /// A request for `op` with every argument empty.
+    pub fn new(op: Op) -> Self {
+        Self {
+            op,
+            file: String::new(),
+            text: String::new(),
+            node: None,
+            pod: None,
+            component: None,
+            seconds: None,
+        }
+    }
 }
 
 /// The answer.
@@ -198,6 +228,11 @@ fn handle(mesh: &mut Mesh, req: &Request) -> Response {
                 )]
             })
             .map_err(|e| e.to_string()),
+        Op::RestartPod => mesh
+            .recreate_sandbox(req.pod.as_deref().unwrap_or_default(), &say)
+            .map(|line| vec![line])
+            .map_err(|e| e.to_string()),
+        Op::Stop => stop(mesh, req),
     };
     let progress = progress.into_inner();
     match result {
@@ -216,6 +251,28 @@ fn handle(mesh: &mut Mesh, req: &Request) -> Response {
             error: Some(e),
         },
     }
+}
+
+/// `stop`: which role, then [`Mesh::hold`].
+fn stop(mesh: &mut Mesh, req: &Request) -> Result<Vec<String>, String> {
+    let node = || {
+        req.node
+            .clone()
+            .ok_or_else(|| "stopping an agent or ztunnel needs its node".to_string())
+    };
+    let role = match req.component.as_deref() {
+        Some("control") => Role::Control,
+        Some("agent") => Role::Agent { node: node()? },
+        Some("ztunnel") => Role::Ztunnel { node: node()? },
+        other => return Err(format!("cannot stop {other:?}: control, agent or ztunnel")),
+    };
+    let seconds = req.seconds.ok_or("stop needs a duration")?;
+    let pid = mesh
+        .hold(&role, Duration::from_secs(seconds))
+        .map_err(|e| e.to_string())?;
+    Ok(vec![format!(
+        "{role} stopped (pid {pid}); the supervisor starts it again in {seconds}s"
+    )])
 }
 
 /// Sends `req` to the orchestrator of `run` and waits for its answer.

@@ -48,6 +48,10 @@ pub enum ApplyError {
         pod: String,
         field: &'static str,
     },
+    #[error(
+        "no pod {pod:?} (known: {known}); use NAMESPACE/NAME when a name is in several namespaces"
+    )]
+    UnknownPod { pod: String, known: String },
     #[error("applying the change failed part-way: {0}")]
     Failed(#[from] UpError),
     #[error("the agent on {node} did not {what} pod {pod} within {timeout:?} (see its log)")]
@@ -262,29 +266,7 @@ impl Mesh {
             return Ok(());
         };
         let pod = self.state.pods[i].clone();
-        let role = Role::Pod {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-        };
-        let records: Vec<_> = self
-            .state
-            .processes
-            .iter()
-            .filter(|r| r.role == role)
-            .cloned()
-            .collect();
-        let children = &mut self.children;
-        let left = process::stop_all(&records, Duration::from_secs(5), || {
-            for (_, c) in children.iter_mut() {
-                let _ = c.try_wait();
-            }
-        });
-        if !left.is_empty() {
-            tracing::warn!(pod = %key, "pod process did not stop");
-        }
-        self.children.retain(|(r, _)| r.role != role);
-        self.supervisor.forget(&role);
-        self.state.processes.retain(|r| r.role != role);
+        self.stop_pod_process(&pod);
         if pod.created
             && let Err(e) = self.cni(&pod, "DEL")
         {
@@ -304,6 +286,87 @@ impl Mesh {
         self.state.pods.remove(i);
         self.run.save(&self.state).map_err(UpError::from)?;
         Ok(())
+    }
+
+    /// `ambit restart pod`: the pod's sandbox is re-created as a kubelet does when it finds
+    /// the sandbox gone: the process is stopped, the runtime runs CNI DEL, the network
+    /// namespace is deleted and created again (same name; the address is the node's lowest
+    /// free one, so normally the same), CNI ADD runs for the same pod in the new namespace and
+    /// the process starts there. The pod object (and its redirection annotation) stays, so the
+    /// agent sees an ADD for a pod it already enrolled, in a new namespace.
+    pub fn recreate_sandbox(
+        &mut self,
+        query: &str,
+        progress: &dyn Fn(&str),
+    ) -> Result<String, ApplyError> {
+        let pod = self
+            .state
+            .pod(query)
+            .cloned()
+            .ok_or_else(|| ApplyError::UnknownPod {
+                pod: query.to_owned(),
+                known: self
+                    .state
+                    .pods
+                    .iter()
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let key = format!("{}/{}", pod.namespace, pod.name);
+        self.stop_pod_process(&pod);
+        if pod.created
+            && let Err(e) = self.cni(&pod, "DEL")
+        {
+            tracing::warn!(pod = %key, error = %e, "CNI DEL failed");
+        }
+        let name = format!("{}.{}", pod.name, pod.namespace);
+        let topo = self.topology.as_mut().ok_or(UpError::Cancelled)?;
+        topo.remove_pod(&name).map_err(UpError::from)?;
+        let tp = topo.add_pod(&pod.node, &name).map_err(UpError::from)?;
+        let (ip, netns) = (tp.ip(), tp.netns_path());
+        let Some(i) = self.pod_index(&key) else {
+            return Err(UpError::Cancelled.into());
+        };
+        self.state.pods[i].ip = ip;
+        self.state.pods[i].netns = netns.clone();
+        self.state.pods[i].created = false;
+        if let Some(st) = self.pod_status.get_mut(&key) {
+            st.ip = Some(ip);
+            st.netns = Some(netns.display().to_string());
+        }
+        self.write_manifests()?;
+        self.run.save(&self.state).map_err(UpError::from)?;
+        progress(&format!("pod {key}: new network namespace at {ip}"));
+        self.create_pod(i, progress)?;
+        Ok(format!("pod {key} sandbox re-created at {ip}"))
+    }
+
+    /// Stops `pod`'s process; it is not restarted.
+    fn stop_pod_process(&mut self, pod: &PodState) {
+        let role = Role::Pod {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+        };
+        let records: Vec<_> = self
+            .state
+            .processes
+            .iter()
+            .filter(|r| r.role == role)
+            .cloned()
+            .collect();
+        let children = &mut self.children;
+        let left = process::stop_all(&records, Duration::from_secs(5), || {
+            for (_, c) in children.iter_mut() {
+                let _ = c.try_wait();
+            }
+        });
+        if !left.is_empty() {
+            tracing::warn!(pod = %role, "pod process did not stop");
+        }
+        self.children.retain(|(r, _)| r.role != role);
+        self.supervisor.forget(&role);
+        self.state.processes.retain(|r| r.role != role);
     }
 
     /// Polls the agent's status file of the pod until it shows `enabled` (or is gone).

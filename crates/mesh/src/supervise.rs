@@ -69,7 +69,8 @@ pub enum Event {
         log: Option<PathBuf>,
         restart_in: Option<Duration>,
     },
-    /// A component was started again; `restarts` counts them for its role.
+    /// A component was started again (after a crash or at the end of a [`Mesh::hold`]);
+    /// `restarts` counts the crash restarts of its role.
     Restarted { role: Role, pid: u32, restarts: u32 },
     /// Starting it again failed; tried again after `retry_in`.
     RestartFailed {
@@ -123,6 +124,8 @@ struct Pending {
     /// The exited process (its command, log and role).
     record: ProcessRecord,
     due: Instant,
+    /// A restart after a crash (counted), or the end of a [`Mesh::hold`] (not counted).
+    crashed: bool,
 }
 
 /// The supervisor's memory: when each child started, each role's back-off, the restarts
@@ -178,6 +181,7 @@ impl Mesh {
                 self.supervisor.pending.push(Pending {
                     record: record.clone(),
                     due: now + delay,
+                    crashed: true,
                 });
                 delay
             });
@@ -201,7 +205,11 @@ impl Mesh {
             }
             match self.respawn(&p.record) {
                 Ok(pid) => {
-                    let restarts = self.state.count_restart(&role);
+                    let restarts = if p.crashed {
+                        self.state.count_restart(&role)
+                    } else {
+                        self.state.restarts(&role)
+                    };
                     if let Err(e) = self.run.save(&self.state) {
                         tracing::warn!(error = %e, "recording a restart");
                     }
@@ -223,6 +231,7 @@ impl Mesh {
                     self.supervisor.pending.push(Pending {
                         record: p.record,
                         due: now + retry_in,
+                        crashed: p.crashed,
                     });
                     events.push(Event::RestartFailed {
                         role,
@@ -233,6 +242,47 @@ impl Mesh {
             }
         }
         events
+    }
+
+    /// Stops `role`'s process (SIGTERM, then SIGKILL after 10 s) and starts it again after
+    /// `down_for`, as scaling a deployment to zero and back would: an outage rehearsal
+    /// (`ambit stop`), not counted as a restart. Returns the stopped pid.
+    pub fn hold(&mut self, role: &Role, down_for: Duration) -> Result<u32, UpError> {
+        let Some(old) = self
+            .state
+            .processes
+            .iter()
+            .rev()
+            .find(|p| &p.role == role && process::is_alive(p))
+            .cloned()
+        else {
+            return Err(UpError::NotRunning { role: role.clone() });
+        };
+        if !self.children.iter().any(|(r, _)| r == &old) {
+            return Err(UpError::NotRestartable { role: role.clone() });
+        }
+        self.supervisor.forget(role);
+        let children = &mut self.children;
+        let left = process::stop_all(std::slice::from_ref(&old), Duration::from_secs(10), || {
+            for (_, c) in children.iter_mut() {
+                let _ = c.try_wait();
+            }
+        });
+        self.children.retain(|(r, _)| r != &old);
+        self.supervisor.started.remove(&old.pid);
+        if !left.is_empty() {
+            return Err(UpError::Stuck {
+                role: role.clone(),
+                pid: old.pid,
+            });
+        }
+        self.supervisor.pending.push(Pending {
+            record: old.clone(),
+            due: Instant::now() + down_for,
+            crashed: false,
+        });
+        tracing::info!(%role, ?down_for, "component stopped on request");
+        Ok(old.pid)
     }
 
     /// Whether `role` is still part of the mesh (a deleted pod's process is not restarted).

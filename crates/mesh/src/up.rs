@@ -58,6 +58,10 @@ pub struct UpConfig {
     pub log_level: String,
     /// DNS capture in the pods (agent rules + ztunnel DNS proxy).
     pub dns_capture: bool,
+    /// The workload certificate lifetime the ztunnels ask for (their `SECRET_TTL`; `None`:
+    /// ztunnel's default of 24 h). Short lifetimes rehearse renewals (the control plane
+    /// issues no less than 60 s).
+    pub cert_ttl: Option<Duration>,
     /// Set (e.g. by a signal handler) to abandon the start; everything created is removed.
     pub cancel: Arc<AtomicBool>,
 }
@@ -122,6 +126,10 @@ pub enum UpError {
     Cancelled,
     #[error("{role} cannot be started again: its command or namespace is not recorded")]
     NotRestartable { role: Role },
+    #[error("{role} is not running")]
+    NotRunning { role: Role },
+    #[error("{role} (pid {pid}) did not stop")]
+    Stuck { role: Role, pid: u32 },
 }
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
@@ -406,6 +414,9 @@ impl Mesh {
                 )
                 .env("IPV6_ENABLED", "false")
                 .env("ISTIO_META_DNS_CAPTURE", bool_str(self.cfg.dns_capture));
+            if let Some(ttl) = self.cfg.cert_ttl {
+                cmd.env("SECRET_TTL", format!("{}s", ttl.as_secs()));
+            }
             self.spawn(
                 cmd,
                 Role::Ztunnel {
