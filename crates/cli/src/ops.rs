@@ -439,8 +439,8 @@ pub struct StopArgs {
     component: StopComponent,
     /// The node (for `agent` and `ztunnel`).
     node: Option<String>,
-    /// How long it stays stopped before `ambit up` starts it again.
-    #[arg(long = "for", value_name = "SECONDS")]
+    /// How long it stays stopped before `ambit up` starts it again (at most a day).
+    #[arg(long = "for", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(..=86_400))]
     seconds: u64,
 }
 

@@ -52,6 +52,40 @@ fn completions_for_every_shell() {
     }
 }
 
+/// `ambit stop`'s arguments are checked before any mesh is asked (no run directory here).
+#[test]
+fn stop_arguments_are_checked() {
+    let run = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["control", "--for", "86401"], "86401"),
+        (
+            &["control", "--for", "18446744073709551615"],
+            "18446744073709551615",
+        ),
+        (
+            &["control", "node1", "--for", "5"],
+            "`control` takes no node",
+        ),
+        (&["ztunnel", "--for", "5"], "need one"),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(AMBIT)
+            .arg("stop")
+            .args(args)
+            .arg("--run-dir")
+            .arg(run.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "ambit stop {args:?} succeeded");
+        assert!(stderr.contains(want), "ambit stop {args:?}: {stderr}");
+        assert!(
+            !stderr.contains("panicked"),
+            "ambit stop {args:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn logs_ztunnel_config_restart() {
     if !ambit_netns::testing::netns_capable_or_skip("logs_ztunnel_config_restart") {

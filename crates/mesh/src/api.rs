@@ -266,13 +266,28 @@ fn stop(mesh: &mut Mesh, req: &Request) -> Result<Vec<String>, String> {
         Some("ztunnel") => Role::Ztunnel { node: node()? },
         other => return Err(format!("cannot stop {other:?}: control, agent or ztunnel")),
     };
-    let seconds = req.seconds.ok_or("stop needs a duration")?;
-    let pid = mesh
-        .hold(&role, Duration::from_secs(seconds))
-        .map_err(|e| e.to_string())?;
+    let down_for = hold_duration(req.seconds)?;
+    let seconds = down_for.as_secs();
+    let pid = mesh.hold(&role, down_for).map_err(|e| e.to_string())?;
     Ok(vec![format!(
         "{role} stopped (pid {pid}); the supervisor starts it again in {seconds}s"
     )])
+}
+
+/// The longest `stop` (a day): an outage rehearsal, not a way to turn a component off.
+pub const MAX_HOLD: Duration = Duration::from_secs(86_400);
+
+/// `stop`'s duration, checked: present and at most [`MAX_HOLD`].
+fn hold_duration(seconds: Option<u64>) -> Result<Duration, String> {
+    let seconds = seconds.ok_or("stop needs a duration")?;
+    let d = Duration::from_secs(seconds);
+    if d > MAX_HOLD {
+        return Err(format!(
+            "cannot stop for {seconds}s: at most {}s",
+            MAX_HOLD.as_secs()
+        ));
+    }
+    Ok(d)
 }
 
 /// Sends `req` to the orchestrator of `run` and waits for its answer.
@@ -295,4 +310,42 @@ pub fn request(run: &RunDir, req: &Request) -> Result<Response, ApiError> {
         .read_line(&mut line)
         .map_err(io)?;
     serde_json::from_str(&line).map_err(|e| ApiError::Answer(format!("{e}: {line:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_durations() {
+        let cases = [
+            (None, Err(())),
+            (Some(0), Ok(0)),
+            (Some(30), Ok(30)),
+            (Some(86_400), Ok(86_400)),
+            (Some(86_401), Err(())),
+            // Added to `Instant::now()` this would overflow (a panic in `ambit up`).
+            (Some(u64::MAX), Err(())),
+        ];
+        for (seconds, want) in cases {
+            let got = hold_duration(seconds).map(|d| d.as_secs()).map_err(|_| ());
+            assert_eq!(got, want, "{seconds:?}");
+        }
+    }
+
+    #[test]
+    fn requests_without_the_newer_fields_parse() {
+        let req: Request = serde_json::from_str(r#"{"op":"apply","file":"a.yaml","text":"x"}"#)
+            .expect("an apply request");
+        assert_eq!(req.op, Op::Apply);
+        assert_eq!((req.pod, req.component, req.seconds), (None, None, None));
+        let mut stop = Request::new(Op::Stop);
+        stop.component = Some("control".into());
+        stop.seconds = Some(30);
+        let back: Request =
+            serde_json::from_str(&serde_json::to_string(&stop).expect("json")).expect("parse");
+        assert_eq!(back.op, Op::Stop);
+        assert_eq!(back.component.as_deref(), Some("control"));
+        assert_eq!(back.seconds, Some(30));
+    }
 }

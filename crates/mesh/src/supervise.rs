@@ -276,9 +276,11 @@ impl Mesh {
                 pid: old.pid,
             });
         }
+        // The API bounds `down_for`; an unrepresentable instant is restarted at once.
+        let now = Instant::now();
         self.supervisor.pending.push(Pending {
             record: old.clone(),
-            due: Instant::now() + down_for,
+            due: now.checked_add(down_for).unwrap_or(now),
             crashed: false,
         });
         tracing::info!(%role, ?down_for, "component stopped on request");
