@@ -372,6 +372,16 @@ impl Config {
                 "not supported: run a real CA (for example `ambit control`) and set CA_ADDRESS",
             );
         }
+        // Upstream checks peer certificates against this CRL; ignoring it would accept
+        // revoked peers (fail open), so a set path stops the start instead.
+        if let Some(v) = r.get("CRL_PATH") {
+            r.fail(
+                "CRL_PATH",
+                v,
+                "not supported: certificate revocation lists are not checked; unset it \
+                 (and peerCaCrl in the chart) or revoke by rotating the CA",
+            );
+        }
         let default_root = RootCert::File(PathBuf::from(DEFAULT_ROOT_CA));
         let xds_root_cert = r.parse("XDS_ROOT_CA", default_root.clone(), parse_root_cert);
         let ca_root_cert = r.parse("CA_ROOT_CA", default_root, parse_root_cert);
@@ -776,6 +786,7 @@ mod tests {
             ("PROXY_WORKLOAD_INFO", "only/two"),
             ("INSTANCE_IP", "not-an-ip"),
             ("FAKE_CA", "true"),
+            ("CRL_PATH", "/var/run/secrets/istio/crl/ca-crl.pem"),
         ];
         let errs = load(&bad).unwrap_err();
         let named: Vec<&str> = errs.iter().map(|e| e.var.as_str()).collect();
@@ -784,6 +795,8 @@ mod tests {
         }
         let text = errs.to_string();
         assert!(text.contains("SECRET_TTL=\"forever\""), "{text}");
+        // Set but empty is unset, as upstream's chart leaves it without `peerCaCrl`.
+        assert!(load(&[("CRL_PATH", "")]).is_ok());
     }
 
     #[test]
