@@ -407,9 +407,8 @@ async fn event_loop<S: PodSource>(
                 if !node.is_empty() && pod.node != *node {
                     continue;
                 }
-                if core.cfg.enablement.is_ztunnel(&pod) {
-                    continue;
-                }
+                // ztunnel pods are cached too: their sandboxes go through the CNI plugin,
+                // whose ADD must find them (and is answered "not enrolled").
                 let key = (pod.namespace.clone(), pod.name.clone());
                 let old = core.cache().pods.insert(key.clone(), pod.clone());
                 match old {

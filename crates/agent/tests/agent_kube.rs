@@ -84,6 +84,17 @@ async fn enrol_through_the_api_server_and_retry_failed_patches() {
             }),
         );
     }
+    // The node's ztunnel (here the system namespace is `demo`): started through the CNI
+    // plugin like any pod, never enrolled.
+    server.apply(
+        PODS,
+        json!({
+            "metadata": {"name": "zt", "namespace": "demo", "uid": "uid-zt",
+                         "labels": {"app": "ztunnel"}},
+            "spec": {"nodeName": "n", "serviceAccountName": "ztunnel"},
+            "status": {"phase": "Pending"},
+        }),
+    );
     // A pod of another node never reaches this agent.
     server.apply(
         PODS,
@@ -105,6 +116,7 @@ async fn enrol_through_the_api_server_and_retry_failed_patches() {
         ("AMBIT_METRICS_ADDR", "127.0.0.1:0".into()),
         ("AMBIT_VERIFY_INTERVAL", "0".into()),
         ("NODE_NAME", "n".into()),
+        ("SYSTEM_NAMESPACE", "demo".into()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -117,6 +129,17 @@ async fn enrol_through_the_api_server_and_retry_failed_patches() {
     let agent = ambit_agent::start(cfg, source).await.unwrap();
     let zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
     assert!(zt.wait_for(WAIT, |seen| seen.contains(&Seen::SnapshotSent)));
+
+    // The ztunnel pod's ADD succeeds and leaves it alone (issue 14: it used to be unknown
+    // to the agent, so its sandbox failed on every node with the plugin installed).
+    let (code, out) = cni_add(&run_dir, &topo.pod("p1").netns_path(), "zt", ip("p1"));
+    assert_eq!(code, 0, "ztunnel pod: {out}");
+    assert_eq!(annotation(&server, "zt"), None);
+    assert!(
+        !zt.seen()
+            .iter()
+            .any(|s| matches!(s, Seen::Add { uid, .. } if uid == "uid-zt"))
+    );
 
     // CNI ADD: rules, ztunnel, then `enabled` patched onto pods/status.
     for p in ["p1", "p2"] {
