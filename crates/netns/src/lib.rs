@@ -20,6 +20,8 @@
 //!   namespace for the `socket(2)` call; bind, listen and connect can happen anywhere,
 //!   including on a tokio worker thread.
 //! - [`set_command_netns`] makes a [`std::process::Command`] start inside a namespace.
+//! - [`sandbox`] (Linux): a process started inside joined or new namespaces with its own
+//!   mounts, root, credentials and capabilities (a minimal container runtime for tests).
 //! - [`SeqPacket`] / [`SeqPacketListener`]: `AF_UNIX` `SOCK_SEQPACKET` sockets that carry
 //!   one namespace descriptor per datagram (`SCM_RIGHTS`): the one ZDS transport, used by
 //!   the agent's server, ztunnel's client and the test peers of both.
@@ -37,6 +39,8 @@ mod imp;
 mod command;
 mod enter;
 mod fd;
+#[cfg(target_os = "linux")]
+pub mod sandbox;
 mod seqpacket;
 mod socket;
 pub mod testing;
