@@ -309,6 +309,15 @@ impl Shared {
     }
 }
 
+/// Why [`FakeApiServer::start_tls_on`] could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FakeStartError {
+    #[error("TLS configuration of the fake API server")]
+    Tls(#[source] ambit_tls::ConfigError),
+    #[error("the fake API server's listener")]
+    Io(#[source] std::io::Error),
+}
+
 /// A running fake API server; stops when dropped.
 pub struct FakeApiServer {
     addr: SocketAddr,
@@ -351,8 +360,25 @@ impl FakeApiServer {
         Self::start_inner(Some(TlsAcceptor::from(Arc::new(config)))).await
     }
 
+    /// TLS (ALPN `h2`) with `cert` on a listener the caller bound, e.g. inside a network
+    /// namespace where nodes and pods of a test cluster reach it.
+    pub async fn start_tls_on(
+        listener: std::net::TcpListener,
+        cert: &ServerCertificate,
+    ) -> Result<Self, FakeStartError> {
+        let config = ambit_tls::server_config_plain(cert).map_err(FakeStartError::Tls)?;
+        listener.set_nonblocking(true).map_err(FakeStartError::Io)?;
+        let listener = TcpListener::from_std(listener).map_err(FakeStartError::Io)?;
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        Self::serve_on(listener, Some(acceptor)).map_err(FakeStartError::Io)
+    }
+
     async fn start_inner(tls: Option<TlsAcceptor>) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::serve_on(listener, tls)
+    }
+
+    fn serve_on(listener: TcpListener, tls: Option<TlsAcceptor>) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             state: Mutex::new(FakeState::new()),
@@ -390,6 +416,21 @@ impl FakeApiServer {
         }
     }
 
+    /// Serves one more collection (e.g. `/api/v1/configmaps`, `/apis/apps/v1/deployments`);
+    /// serving one that exists already changes nothing.
+    pub fn add_collection(&self, path: &str, kind: &str, api_version: &str, namespaced: bool) {
+        self.shared
+            .lock()
+            .collections
+            .entry(path.to_string())
+            .or_insert_with(|| Collection {
+                kind: kind.into(),
+                api_version: api_version.into(),
+                namespaced,
+                objects: BTreeMap::new(),
+            });
+    }
+
     /// See [`FakeState::apply`].
     pub fn apply(&self, collection: &str, object: Value) -> Value {
         let out = self.shared.lock().apply(collection, object);
@@ -402,6 +443,36 @@ impl FakeApiServer {
         let out = self.shared.lock().delete(collection, namespace, name);
         self.shared.changed.notify_waiters();
         out
+    }
+
+    /// Changes a stored object in place (e.g. a kubelet writing `status` without losing
+    /// what others patched meanwhile) and emits `MODIFIED`; returns the stored object.
+    pub fn modify(
+        &self,
+        collection: &str,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&mut Value),
+    ) -> Option<Value> {
+        let out = {
+            let mut st = self.shared.lock();
+            let key = (namespace.to_string(), name.to_string());
+            let mut object = st.collections.get(collection)?.objects.get(&key)?.clone();
+            change(&mut object);
+            Some(st.store(collection, key, object, "MODIFIED"))
+        };
+        self.shared.changed.notify_waiters();
+        out
+    }
+
+    /// Every stored object of `collection`.
+    pub fn objects(&self, collection: &str) -> Vec<Value> {
+        self.shared
+            .lock()
+            .collections
+            .get(collection)
+            .map(|c| c.objects.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// The stored object.
