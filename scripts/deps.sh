@@ -31,13 +31,16 @@ ensure_packages() {
     export PATH="$PATH:/usr/sbin:/sbin"
 }
 
-# The image build and its test: debootstrap makes the root filesystem, podman imports and runs it.
+# The image build and its tests: debootstrap makes the root filesystem, podman imports and runs
+# it, the kubelet-style test runs it on nodes with the machine's CNI plugins.
 ensure_image_tools() {
     local missing=()
     command -v podman >/dev/null 2>&1 || missing+=(podman)
     # crun refuses hybrid cgroup hierarchies (some VMs); the image test falls back to runc.
     command -v runc >/dev/null 2>&1 || missing+=(runc)
     command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+    # The kubelet-style test's primary network: ptp, host-local and loopback in /usr/lib/cni.
+    [ -x /usr/lib/cni/ptp ] || missing+=(containernetworking-plugins)
     if [ "${#missing[@]}" -gt 0 ]; then
         log "installing missing packages: ${missing[*]}"
         as_root apt-get update -qq
