@@ -21,6 +21,7 @@ mod ops;
 mod out;
 mod plugin;
 mod up;
+mod vm;
 mod ztunnel;
 
 #[derive(Debug, Parser)]
@@ -108,6 +109,9 @@ enum Command {
         after_help = "Examples:\n  sudo ambit stop control --for 30\n  sudo ambit stop ztunnel node1 --for 5"
     )]
     Stop(ops::StopArgs),
+    /// A VM or bare host in the mesh, from the bundle `istioctl x workload entry configure`
+    /// writes (docs/vm.md).
+    Vm(vm::Args),
     /// Print shell completions.
     #[command(
         after_help = "Examples:\n  ambit completions bash > /etc/bash_completion.d/ambit\n  ambit completions zsh > \"${fpath[1]}/_ambit\"\n  ambit completions fish > ~/.config/fish/completions/ambit.fish"
@@ -156,6 +160,7 @@ fn main() -> ExitCode {
         Command::ZtunnelConfig(args) => ops::ztunnel_config(args),
         Command::Restart(args) => ops::restart(args),
         Command::Stop(args) => ops::stop(args),
+        Command::Vm(args) => vm::main(args),
         Command::Completions(args) => {
             ops::completions(args, <Cli as clap::CommandFactory>::command())
         }

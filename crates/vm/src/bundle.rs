@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use ambit_redirect::vm::VmRedirectConfig;
 
 pub use self::files::{HostEntry, MeshFile, parse_hosts, parse_mesh};
+pub(crate) use self::keys::split_address;
 pub use self::keys::{KEYS, KeyKind, KeySpec};
 
 /// The file names of a bundle.
@@ -83,6 +84,9 @@ pub struct Bundle {
     /// `istiod.ISTIO_SYSTEM_NAMESPACE.svc:ISTIO_PILOT_PORT`, else mesh.yaml's
     /// `discoveryAddress`, else `istiod.istio-system.svc:15012`.
     pub ca_address: String,
+    /// What named [`Self::ca_address`] (`CA_ADDR`, …, `mesh.yaml defaultConfig.discoveryAddress`
+    /// or `the default`), for error messages.
+    pub ca_address_key: String,
     /// `ISTIO_META_CLUSTER_ID` (`Kubernetes` when empty).
     pub cluster_id: String,
     /// `ISTIO_META_NETWORK`.
@@ -276,24 +280,21 @@ impl Bundle {
 
         let mut vars: BTreeMap<String, (String, Origin)> = BTreeMap::new();
         match env {
-            Ok(Some(text)) => match shell::parse(&text) {
-                Ok(assignments) => {
-                    for a in assignments {
-                        vars.insert(a.key, (a.value, Origin::ClusterEnv { line: a.line }));
-                    }
+            Ok(Some(text)) => {
+                let (assignments, bad) = shell::parse(&text);
+                for a in assignments {
+                    vars.insert(a.key, (a.value, Origin::ClusterEnv { line: a.line }));
                 }
-                Err(es) => {
-                    for e in es {
-                        err(
-                            &mut errors,
-                            CLUSTER_ENV,
-                            Some(e.line),
-                            None,
-                            Problem::Syntax(e.problem),
-                        );
-                    }
+                for e in bad {
+                    err(
+                        &mut errors,
+                        CLUSTER_ENV,
+                        Some(e.line),
+                        None,
+                        Problem::Syntax(e.problem),
+                    );
                 }
-            },
+            }
             Ok(None) => {}
             Err(p) => err(&mut errors, CLUSTER_ENV, None, None, p),
         }
@@ -389,6 +390,7 @@ impl Bundle {
             service: s.service,
             instance_ip: s.instance_ip,
             ca_address: s.ca_address,
+            ca_address_key: s.ca_address_key,
             cluster_id: s.cluster_id,
             network: s.network,
             mesh_id: s.mesh_id,

@@ -10,5 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bundle;
+mod signal;
+pub mod up;
 
 pub use bundle::{Bundle, BundleError, BundleErrors, Identity};

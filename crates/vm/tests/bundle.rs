@@ -823,3 +823,26 @@ fn docs_list_every_key() {
     }
     assert!(missing.is_empty(), "docs/vm.md lacks rows for {missing:?}");
 }
+
+/// A bad line does not hide its neighbours: the keys on good lines are read, so only the bad
+/// line is reported (not a cascade of "required" keys).
+#[test]
+fn a_bad_line_reports_only_itself() {
+    let mut f = Files::good();
+    f.mesh = None;
+    let mut env: String = f
+        .env
+        .iter()
+        .map(|(k, v)| format!("{k}={}\n", quote(v)))
+        .collect();
+    env.push_str("SERVICE_ACCOUNT='again'\nISTIO_SVC_IP=$IP\n");
+    f.raw_env = Some(env);
+    let (_d, b) = f.load();
+    let errs = b.unwrap_err();
+    let lines: Vec<Option<usize>> = errs.0.iter().map(|e| e.line).collect();
+    assert_eq!(lines, vec![Some(19), Some(20)], "{errs}");
+    assert!(
+        errs.to_string().contains("already set on line 17"),
+        "{errs}"
+    );
+}

@@ -115,6 +115,7 @@ pub(crate) struct Settings {
     pub service: Option<String>,
     pub instance_ip: Option<IpAddr>,
     pub ca_address: String,
+    pub ca_address_key: String,
     pub cluster_id: String,
     pub network: String,
     pub mesh_id: String,
@@ -298,12 +299,18 @@ pub(crate) fn interpret(
     let pilot_port = c.parse("ISTIO_PILOT_PORT", "a port number (1-65535)", |v| {
         v.parse::<u16>().ok().filter(|p| *p != 0)
     });
-    let ca_address = if let Some(a) = c.non_empty("CA_ADDR") {
-        check_address(&mut c, "CA_ADDR", a)
+    let (ca_address, ca_address_key) = if let Some(a) = c.non_empty("CA_ADDR") {
+        (check_address(&mut c, "CA_ADDR", a), "cluster.env CA_ADDR")
     } else if let Some(a) = c.non_empty("PILOT_ADDRESS") {
-        check_address(&mut c, "PILOT_ADDRESS", a)
+        (
+            check_address(&mut c, "PILOT_ADDRESS", a),
+            "cluster.env PILOT_ADDRESS",
+        )
     } else if let Some(port) = pilot_port {
-        format!("istiod.{system_ns}.svc:{port}")
+        (
+            format!("istiod.{system_ns}.svc:{port}"),
+            "cluster.env ISTIO_PILOT_PORT",
+        )
     } else if let Some(a) = discovery_address {
         if split_address(a).is_none() {
             c.errors.push((
@@ -315,10 +322,14 @@ pub(crate) fn interpret(
                 },
             ));
         }
-        a.to_owned()
+        (a.to_owned(), "mesh.yaml defaultConfig.discoveryAddress")
     } else {
-        format!("istiod.{system_ns}.svc:{DEFAULT_CA_PORT}")
+        (
+            format!("istiod.{system_ns}.svc:{DEFAULT_CA_PORT}"),
+            "the default control plane",
+        )
     };
+    let ca_address_key = ca_address_key.to_owned();
 
     // Redirection.
     let except = c
@@ -405,6 +416,7 @@ pub(crate) fn interpret(
         service: c.non_empty("ISTIO_SERVICE"),
         instance_ip,
         ca_address,
+        ca_address_key,
         cluster_id: c
             .non_empty("ISTIO_META_CLUSTER_ID")
             .unwrap_or_else(|| "Kubernetes".to_owned()),

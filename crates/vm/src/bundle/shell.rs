@@ -71,8 +71,10 @@ impl fmt::Display for Syntax {
     }
 }
 
-/// Reads every assignment of `text`, in file order; every bad line is reported.
-pub fn parse(text: &str) -> Result<Vec<Assignment>, Vec<SyntaxError>> {
+/// Reads every assignment of `text`, in file order, and every bad line. The good lines are
+/// kept even when others are bad (the first of a duplicated key), so a caller does not report
+/// their keys as missing.
+pub fn parse(text: &str) -> (Vec<Assignment>, Vec<SyntaxError>) {
     let mut p = Parser {
         chars: text.chars().collect(),
         pos: 0,
@@ -109,11 +111,7 @@ pub fn parse(text: &str) -> Result<Vec<Assignment>, Vec<SyntaxError>> {
             }
         }
     }
-    if errors.is_empty() {
-        Ok(out)
-    } else {
-        Err(errors)
-    }
+    (out, errors)
 }
 
 struct Parser {
@@ -287,7 +285,8 @@ mod tests {
             ("  K='indented'\r", "indented"),
         ];
         for (text, want) in cases {
-            let got = parse(text).unwrap_or_else(|e| panic!("{text:?}: {e:?}"));
+            let (got, errs) = parse(text);
+            assert!(errs.is_empty(), "{text:?}: {errs:?}");
             assert_eq!(got.len(), 1, "{text:?}");
             assert_eq!(got[0].key, "K", "{text:?}");
             assert_eq!(got[0].value, *want, "{text:?}");
@@ -311,7 +310,7 @@ mod tests {
             ("A='x\ny'\nB c", 3, Syntax::NotAnAssignment),
         ];
         for (text, line, want) in cases {
-            let errs = parse(text).expect_err(text);
+            let (_, errs) = parse(text);
             assert_eq!(
                 errs,
                 vec![SyntaxError {
@@ -325,10 +324,16 @@ mod tests {
 
     #[test]
     fn every_bad_line_is_reported_and_good_lines_are_kept_in_order() {
-        let errs = parse("A='1'\nB=$x\nC='3'\nD=`y`\n").expect_err("bad");
+        let (good, errs) = parse("A='1'\nB=$x\nC='3'\nD=`y`\nA='again'\n");
         let lines: Vec<usize> = errs.iter().map(|e| e.line).collect();
-        assert_eq!(lines, vec![2, 4]);
-        let ok = parse("# head\n\nB='2'\nexport A='1'\n").expect("good");
+        assert_eq!(lines, vec![2, 4, 5]);
+        let kept: Vec<(&str, &str)> = good
+            .iter()
+            .map(|a| (a.key.as_str(), a.value.as_str()))
+            .collect();
+        assert_eq!(kept, vec![("A", "1"), ("C", "3")]);
+        let (ok, errs) = parse("# head\n\nB='2'\nexport A='1'\n");
+        assert!(errs.is_empty());
         let keys: Vec<(&str, usize)> = ok.iter().map(|a| (a.key.as_str(), a.line)).collect();
         assert_eq!(keys, vec![("B", 3), ("A", 4)]);
     }

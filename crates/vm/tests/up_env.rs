@@ -1,0 +1,52 @@
+//! `vm up`'s ztunnel environment: what the bundle becomes, and that ztunnel's own
+//! configuration reader accepts it as a dedicated-mode workload.
+
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/bundle_dir.rs"]
+mod bundle_dir;
+
+use std::collections::BTreeMap;
+
+use ambit_vm::Bundle;
+use ambit_vm::up::{ControlPlane, ztunnel_env};
+
+#[test]
+fn bundle_becomes_a_dedicated_ztunnel() {
+    let dir = tempfile::tempdir().unwrap();
+    bundle_dir::write_bundle(dir.path(), "istiod.istio-system.svc:15012", "");
+    let b = Bundle::load(dir.path()).unwrap();
+    let cp = ControlPlane {
+        addr: "127.0.0.1:15012".parse().unwrap(),
+        hostname: Some("istiod.istio-system.svc".into()),
+    };
+    let env = ztunnel_env(&b, &cp);
+    let map: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(map.len(), env.len(), "a variable set twice: {env:?}");
+    let root = dir.path().join("root-cert.pem").display().to_string();
+    let token = dir.path().join("istio-token").display().to_string();
+    let want: &[(&str, &str)] = &[
+        ("PROXY_MODE", "dedicated"),
+        ("PROXY_WORKLOAD_INFO", "bar/foo/vm-sa"),
+        ("CA_ADDRESS", "https://127.0.0.1:15012"),
+        ("XDS_ADDRESS", "https://127.0.0.1:15012"),
+        ("ALT_CA_HOSTNAME", "istiod.istio-system.svc"),
+        ("ALT_XDS_HOSTNAME", "istiod.istio-system.svc"),
+        ("CA_ROOT_CA", &root),
+        ("XDS_ROOT_CA", &root),
+        ("AUTH_TOKEN", &token),
+        ("PACKET_MARK", "1337"),
+        ("TRUST_DOMAIN", "cluster.local"),
+        ("CLUSTER_ID", "Kubernetes"),
+        ("ISTIO_META_DNS_CAPTURE", "true"),
+    ];
+    for (k, v) in want {
+        assert_eq!(map.get(k), Some(v), "{k}");
+    }
+
+    let vars: Vec<(String, String)> = env.clone();
+    let cfg = ambit_ztunnel::config::Config::from_vars(&vars, 2, &|p| p.exists())
+        .unwrap_or_else(|e| panic!("ztunnel refuses vm up's environment: {e}"));
+    assert_eq!(cfg.packet_mark, Some(1337));
+    assert!(cfg.proxy_workload_info.is_some());
+}
