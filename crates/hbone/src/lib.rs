@@ -2,7 +2,8 @@
 //! `ztunnel.md` §3.2–§3.4).
 //!
 //! Owns the HTTP/2 layer only: it runs over any `AsyncRead + AsyncWrite` stream (ztunnel
-//! hands it mTLS streams) and knows nothing of TLS, network namespaces or Kubernetes.
+//! hands it mTLS streams) and knows nothing of TLS, network namespaces or Kubernetes;
+//! [`readahead`] is the one piece that sits under TLS (read batching on the TCP socket).
 //!
 //! - [`client`]: handshake and CONNECT requests ([`HboneClient`]).
 //! - [`server`]: serving CONNECT on one connection ([`serve_connection`]), with drain.
@@ -17,6 +18,7 @@ pub mod copy;
 pub mod headers;
 mod keepalive;
 pub mod pool;
+pub mod readahead;
 pub mod server;
 pub mod settings;
 pub mod stream;
@@ -26,6 +28,7 @@ pub use client::{ClientError, ConnectResponse, HboneClient};
 pub use copy::{CopyError, CopySide, Transferred, copy_bidirectional};
 pub use headers::{Baggage, BaggageError, Forwarded, ForwardedError, parse_forwarded};
 pub use pool::{Pool, PoolConfig, PoolError};
+pub use readahead::ReadAhead;
 pub use server::{
     ConnectRequest, ConnectionEnd, RequestError, Responder, ServerError, serve_connection,
     validate_request,

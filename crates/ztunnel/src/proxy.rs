@@ -413,3 +413,13 @@ async fn copy_hbone(
 
 #[cfg(test)]
 mod tests;
+
+/// Ciphertext read ahead of rustls on HBONE connections ([`ambit_hbone::ReadAhead`]): the
+/// receiving ztunnel made 50–60 `recvfrom` per MB (one per TLS record, rustls's own reads),
+/// ~12 with this (BENCHMARKS.md, "Bulk data"). 256 KiB measured no better than 64 KiB.
+pub(crate) const HBONE_READ_AHEAD: usize = 64 * 1024;
+
+/// rustls's bound on encrypted bytes queued for the socket of an HBONE connection (its
+/// default is 64 KiB): the sending ztunnel hands the kernel up to this much per `writev`
+/// (~14 → ~6 per MB), and a writer is back-pressured once it is reached, as before.
+pub(crate) const HBONE_TLS_SEND_LIMIT: usize = 256 * 1024;

@@ -100,11 +100,12 @@ async fn handle_conn(
     };
     // Boxed so the handshake's state is freed once done instead of sizing the task that
     // then serves the connection.
+    let tcp = ambit_hbone::ReadAhead::new(tcp, super::HBONE_READ_AHEAD);
     let handshake = Box::pin(tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
         TlsAcceptor::from(config).accept(tcp),
     ));
-    let stream = match handshake.await {
+    let mut stream = match handshake.await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             connection_failed(
@@ -125,6 +126,10 @@ async fn handle_conn(
             return;
         }
     };
+    stream
+        .get_mut()
+        .1
+        .set_buffer_limit(Some(super::HBONE_TLS_SEND_LIMIT));
     let src_identity = ambit_tls::peer_identity(stream.get_ref().1);
     let settings = super::h2_settings(&inputs.cfg);
     let ctx = Arc::new(StreamCtx {

@@ -94,7 +94,7 @@ async fn dial(
     factory: &dyn SocketFactory,
     opts: &SocketOptions,
     key: &PoolKey,
-) -> Result<ambit_tls::tokio_rustls::client::TlsStream<tokio::net::TcpStream>, DialError> {
+) -> Result<ambit_tls::tokio_rustls::client::TlsStream<ambit_hbone::ReadAhead>, DialError> {
     let cert = certs
         .fetch(&key.src_identity)
         .await
@@ -108,10 +108,15 @@ async fn dial(
         let tcp = ambit_netns::connect_tcp(factory, dst, None, opts)
             .await
             .map_err(|source| DialError::Tcp { dst, source })?;
-        TlsConnector::from(Arc::new(config))
+        let tcp = ambit_hbone::ReadAhead::new(tcp, super::HBONE_READ_AHEAD);
+        let mut tls = TlsConnector::from(Arc::new(config))
             .connect(ambit_tls::hbone_server_name(), tcp)
             .await
-            .map_err(|source| DialError::Tls { dst, source })
+            .map_err(|source| DialError::Tls { dst, source })?;
+        tls.get_mut()
+            .1
+            .set_buffer_limit(Some(super::HBONE_TLS_SEND_LIMIT));
+        Ok(tls)
     };
     tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
