@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bundle;
+pub mod configure;
 mod signal;
 pub mod up;
 
