@@ -14,7 +14,6 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use ambit_netns::{NetnsFd, NetnsId, SeqPacket, SeqPacketError, in_netns};
 use ambit_proto::zds::{
@@ -139,20 +138,6 @@ impl FakeZtunnel {
     /// Drops the listeners of one pod, as if ztunnel lost them.
     pub fn drop_listeners(&self, uid: &str) {
         self.lock().listeners.remove(uid);
-    }
-
-    /// Polls `f(seen)` until it holds or `deadline` passes.
-    pub fn wait_for(&self, deadline: Duration, f: impl Fn(&[Seen]) -> bool) -> bool {
-        let end = Instant::now() + deadline;
-        loop {
-            if f(&self.lock().seen) {
-                return true;
-            }
-            if Instant::now() > end {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 }
 

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use ambit_agent::testing::cni_add;
+use ambit_testkit::eventually;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -19,17 +20,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(10);
 const MODE: &str = "istio.io/dataplane-mode";
-
-async fn poll(mut f: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + WAIT;
-    while tokio::time::Instant::now() < end {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    f()
-}
 
 fn pod(name: &str, ip: IpAddr, netns: Option<std::path::PathBuf>) -> Pod {
     Pod {
@@ -126,7 +116,12 @@ async fn enrol_verify_repair_unenrol() {
 
     let zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
     // The pending pod is retried and enabled once ztunnel is there.
-    assert!(poll(|| source.redirection("demo", "p2").as_deref() == Some("enabled")).await);
+    eventually(
+        "source.redirection(\"demo\", \"p2\").as_deref() == Some(\"enabled\")",
+        WAIT,
+        || source.redirection("demo", "p2").as_deref() == Some("enabled"),
+    )
+    .await;
 
     // CNI ADD of an ambient pod.
     source.upsert_pod(pod("p1", ip("p1"), None));
@@ -154,18 +149,24 @@ async fn enrol_verify_repair_unenrol() {
     // No silent bypass: flush p1's nat rules; one verification pass restores them.
     let flushed = topo.exec("p1", &["iptables", "-t", "nat", "-F"]).unwrap();
     assert!(flushed.status.success());
-    assert!(
-        poll(|| agent.metrics.repairs.get() >= 1
-            && save_nat(&topo, "p1").contains("--to-ports 15001"))
-        .await
-    );
-    assert!(poll(|| agent.metrics.unprotected.get() == 0).await);
+    eventually("agent.metrics.repairs.get() >= 1 && save_nat(&topo, \"p1\").contains(\"--to-ports 15001\")", WAIT, || agent.metrics.repairs.get() >= 1
+            && save_nat(&topo, "p1").contains("--to-ports 15001")).await;
+    eventually("agent.metrics.unprotected.get() == 0", WAIT, || {
+        agent.metrics.unprotected.get() == 0
+    })
+    .await;
     assert_eq!(agent.metrics.repairs.get(), 1);
 
     // ztunnel loses p2's listeners: verification re-adds it (Del + Add).
     zt.drop_listeners("uid-p2");
-    assert!(poll(|| agent.metrics.repairs.get() == 2).await);
-    assert!(poll(|| agent.metrics.unprotected.get() == 0).await);
+    eventually("agent.metrics.repairs.get() == 2", WAIT, || {
+        agent.metrics.repairs.get() == 2
+    })
+    .await;
+    eventually("agent.metrics.unprotected.get() == 0", WAIT, || {
+        agent.metrics.unprotected.get() == 0
+    })
+    .await;
 
     let metrics = http_get(agent.metrics_addr, "/metrics").await;
     for name in [
@@ -183,7 +184,12 @@ async fn enrol_verify_repair_unenrol() {
     let mut p1 = source.pod("demo", "p1").unwrap();
     p1.labels.insert(MODE.into(), "none".into());
     source.upsert_pod(p1);
-    assert!(poll(|| source.redirection("demo", "p1").is_none()).await);
+    eventually(
+        "source.redirection(\"demo\", \"p1\").is_none()",
+        WAIT,
+        || source.redirection("demo", "p1").is_none(),
+    )
+    .await;
     assert!(!save_nat(&topo, "p1").contains("ISTIO"));
     assert!(zt.seen().contains(&Seen::Del {
         uid: "uid-p1".into()
@@ -192,12 +198,16 @@ async fn enrol_verify_repair_unenrol() {
 
     // Pod deletion: Del to ztunnel.
     source.delete_pod("demo", "p2");
-    assert!(
-        poll(|| zt.seen().contains(&Seen::Del {
-            uid: "uid-p2".into()
-        }))
-        .await
-    );
+    eventually(
+        "zt.seen().contains(&Seen::Del { uid: \"uid-p2\".into() })",
+        WAIT,
+        || {
+            zt.seen().contains(&Seen::Del {
+                uid: "uid-p2".into(),
+            })
+        },
+    )
+    .await;
 
     agent.shutdown().await;
 }

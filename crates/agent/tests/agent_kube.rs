@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use ambit_agent::testing::cni_add;
+use ambit_testkit::eventually;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -22,17 +23,6 @@ const WAIT: Duration = Duration::from_secs(10);
 const MODE: &str = "istio.io/dataplane-mode";
 const ANNOTATION: &str = "ambient.istio.io/redirection";
 const PODS: &str = "/api/v1/pods";
-
-async fn poll(mut f: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + WAIT;
-    while tokio::time::Instant::now() < end {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    f()
-}
 
 fn annotation(server: &FakeApiServer, name: &str) -> Option<String> {
     let pod = server.object(PODS, "demo", name)?;
@@ -128,7 +118,10 @@ async fn enrol_through_the_api_server_and_retry_failed_patches() {
     // `start` returns after the initial list: both pods are in the agent's cache.
     let agent = ambit_agent::start(cfg, source).await.unwrap();
     let zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
-    assert!(zt.wait_for(WAIT, |seen| seen.contains(&Seen::SnapshotSent)));
+    eventually("the snapshot to reach the fake ztunnel", WAIT, || {
+        zt.seen().contains(&Seen::SnapshotSent)
+    })
+    .await;
 
     // The ztunnel pod's ADD succeeds and leaves it alone (issue 14: it used to be unknown
     // to the agent, so its sandbox failed on every node with the plugin installed).
@@ -164,7 +157,10 @@ async fn enrol_through_the_api_server_and_retry_failed_patches() {
             .to_string(),
     );
     relabel(&server, "p1", "none");
-    assert!(poll(|| annotation(&server, "p1").is_none()).await);
+    eventually("annotation(&server, \"p1\").is_none()", WAIT, || {
+        annotation(&server, "p1").is_none()
+    })
+    .await;
     assert!(zt.seen().contains(&Seen::Del {
         uid: "uid-p1".into()
     }));
@@ -185,20 +181,30 @@ async fn enrol_through_the_api_server_and_retry_failed_patches() {
         json!({"kind": "Status", "reason": "NotFound", "message": "gone", "code": 404}).to_string(),
     );
     relabel(&server, "p2", "none");
-    assert!(
-        poll(|| zt.seen().contains(&Seen::Del {
-            uid: "uid-p2".into()
-        }))
-        .await
-    );
-    assert!(poll(|| status_patches(&server, "p2") > before).await);
+    eventually(
+        "zt.seen().contains(&Seen::Del { uid: \"uid-p2\".into() })",
+        WAIT,
+        || {
+            zt.seen().contains(&Seen::Del {
+                uid: "uid-p2".into(),
+            })
+        },
+    )
+    .await;
+    eventually("status_patches(&server, \"p2\") > before", WAIT, || {
+        status_patches(&server, "p2") > before
+    })
+    .await;
     // The pod still carries `enabled` (the 404 was injected); a later update that finds
     // it un-enrolled but annotated removes the annotation through a fresh reconcile.
     assert_eq!(annotation(&server, "p2").as_deref(), Some("enabled"));
     let mut p2: Value = server.object(PODS, "demo", "p2").unwrap();
     p2["metadata"]["labels"]["touched"] = json!("yes");
     server.apply(PODS, p2);
-    assert!(poll(|| annotation(&server, "p2").is_none()).await);
+    eventually("annotation(&server, \"p2\").is_none()", WAIT, || {
+        annotation(&server, "p2").is_none()
+    })
+    .await;
     assert_eq!(
         status_patches(&server, "p2") - before,
         2,

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use ambit_agent::testing::cni_add;
+use ambit_testkit::eventually;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -25,17 +26,6 @@ use ambit_topology::Topology;
 
 const WAIT: Duration = Duration::from_secs(10);
 const MODE: &str = "istio.io/dataplane-mode";
-
-async fn poll(mut f: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + WAIT;
-    while tokio::time::Instant::now() < end {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    f()
-}
 
 fn uid(n: u8) -> String {
     let d = char::from(b'0' + n);
@@ -258,7 +248,10 @@ async fn restart_rediscovers_running_pods() {
     assert_eq!(agent.restart.pruned, 1);
 
     let zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
-    assert!(zt.wait_for(WAIT, |s| s.contains(&Seen::SnapshotSent)));
+    eventually("the snapshot to reach the fake ztunnel", WAIT, || {
+        zt.seen().contains(&Seen::SnapshotSent)
+    })
+    .await;
     let seen = zt.seen();
     let netns_of_add = |u: &str| {
         seen.iter().find_map(|s| match s {
@@ -298,13 +291,21 @@ async fn restart_rediscovers_running_pods() {
         assert!(set.contains(&ip(p).to_string()), "{p}: {set}");
     }
     assert!(!set.contains("10.99.99.99"), "{set}");
-    assert!(poll(|| agent.metrics.unprotected.get() == 0).await);
+    eventually("agent.metrics.unprotected.get() == 0", WAIT, || {
+        agent.metrics.unprotected.get() == 0
+    })
+    .await;
 
     // A discovered pod is a full citizen: un-enrolling it deletes its rules.
     let mut p1 = source.pod("demo", "p1").unwrap();
     p1.labels.insert(MODE.into(), "none".into());
     source.upsert_pod(p1);
-    assert!(poll(|| source.redirection("demo", "p1").is_none()).await);
+    eventually(
+        "source.redirection(\"demo\", \"p1\").is_none()",
+        WAIT,
+        || source.redirection("demo", "p1").is_none(),
+    )
+    .await;
     assert!(!pod_rules(&topo, "p1").contains("ISTIO"));
     assert!(zt.seen().contains(&Seen::Del { uid: u1.clone() }));
 

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use ambit_agent::testing::cni_add;
+use ambit_testkit::eventually;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -249,12 +250,14 @@ async fn agent_adds_and_removes_branch_eni_rules() {
     off.labels
         .insert("istio.io/dataplane-mode".into(), "none".into());
     source.upsert_pod(off);
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
     // The two rules go one after the other: wait for both.
     let either = |r: &str| r.contains(&forward) || r.contains(&ret);
-    while either(&rules(&topo, "n")) && tokio::time::Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        "both branch-ENI rules to go",
+        Duration::from_secs(10),
+        || !either(&rules(&topo, "n")),
+    )
+    .await;
     let now = rules(&topo, "n");
     assert!(!now.contains(&forward), "{now}");
     assert!(!now.contains(&ret), "{now}");

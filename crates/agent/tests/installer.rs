@@ -14,6 +14,7 @@ use ambit_agent::AgentConfig;
 use ambit_agent::installer::conflist::ConfMode;
 use ambit_agent::installer::{InstallConfig, Installer, InstallerError, KubeApi, Pass, uninstall};
 use ambit_netns::testing::netns_capable_or_skip;
+use ambit_testkit::eventually_async;
 use serde_json::{Value, json};
 
 const BRIDGE: &str =
@@ -573,22 +574,6 @@ async fn ready(addr: std::net::SocketAddr) -> bool {
     http_get(addr, "/readyz").await.starts_with("HTTP/1.1 200")
 }
 
-/// Polls `f` until it holds or 10 s pass.
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < end {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 fn has_entry(net_d: &Path, name: &str) -> bool {
     fs::read(net_d.join(name))
         .ok()
@@ -644,9 +629,11 @@ async fn agent_ready_only_when_installed_and_uninstall_removes_it() {
 
         // The primary CNI writes its config: installed, ready.
         node.write_conf("10-bridge.conflist", BRIDGE);
-        eventually("readiness after the primary config appears", || {
-            ready(agent.health_addr)
-        })
+        eventually_async(
+            "readiness after the primary config appears",
+            Duration::from_secs(10),
+            || ready(agent.health_addr),
+        )
         .await;
         assert_eq!(agent.metrics.install_ready.get(), 1);
         assert!(has_entry(&node.net_d, "10-bridge.conflist"));
@@ -659,12 +646,19 @@ async fn agent_ready_only_when_installed_and_uninstall_removes_it() {
 
         // The primary CNI rewrites its config and drops our entry: re-inserted.
         node.write_conf("10-bridge.conflist", BRIDGE);
-        eventually("re-insertion after the primary rewrote its config", || {
-            let net_d = node.net_d.clone();
-            async move { has_entry(&net_d, "10-bridge.conflist") }
+        eventually_async(
+            "re-insertion after the primary rewrote its config",
+            Duration::from_secs(10),
+            || {
+                let net_d = node.net_d.clone();
+                async move { has_entry(&net_d, "10-bridge.conflist") }
+            },
+        )
+        .await;
+        eventually_async("ready again", Duration::from_secs(10), || {
+            ready(agent.health_addr)
         })
         .await;
-        eventually("ready again", || ready(agent.health_addr)).await;
         // Two installs (first one, re-insertion), no failure episode (waiting is not one).
         let installs = |result: &'static str| {
             agent

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use ambit_agent::daemon::plugin_log::{Level, LogServer, PluginLogLine};
 use ambit_agent::plugin::log::{log_line, post_lines};
+use ambit_testkit::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
@@ -114,10 +115,10 @@ async fn lines_are_reemitted() {
     .await
     .unwrap();
     assert_eq!(code, 0);
-    let end = tokio::time::Instant::now() + WAIT;
-    while got.lock().unwrap().is_empty() && tokio::time::Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the plugin's log line", WAIT, || {
+        !got.lock().unwrap().is_empty()
+    })
+    .await;
     {
         let got = got.lock().unwrap();
         assert_eq!(got.len(), 1, "{got:?}");

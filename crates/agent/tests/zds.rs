@@ -10,6 +10,7 @@ use std::time::Duration;
 use ambit_agent::testing::{FakeZtunnel, Seen};
 use ambit_agent::zds::{ZdsConfig, ZdsError, ZdsPod, ZdsServer};
 use ambit_netns::NetnsFd;
+use ambit_testkit::eventually;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -82,17 +83,6 @@ fn pod(uid: &str, netns: Option<Arc<NetnsFd>>) -> ZdsPod {
         service_account: "sa".into(),
         netns,
     }
-}
-
-async fn poll(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + deadline;
-    while tokio::time::Instant::now() < end {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    f()
 }
 
 #[tokio::test]
@@ -235,12 +225,18 @@ async fn two_connections_add_newest_del_all() {
 
     // The newest disappears: Add falls back to the older one.
     drop(new);
-    assert!(poll(WAIT, || h.server.connected() == 1).await);
+    eventually("h.server.connected() == 1", WAIT, || {
+        h.server.connected() == 1
+    })
+    .await;
     old.set_nack(None);
     h.server.add(pod("r", Some(ns))).await.unwrap();
     assert_eq!(adds(&old), 1);
 
     drop(old);
-    assert!(poll(WAIT, || h.server.connected() == 0).await);
+    eventually("h.server.connected() == 0", WAIT, || {
+        h.server.connected() == 0
+    })
+    .await;
     h.stop().await;
 }

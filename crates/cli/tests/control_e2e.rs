@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ambit_topology::Topology;
-use mesh::{APP_PORT, Proc, connect_from, eventually, exchange};
+use mesh::{APP_PORT, Proc, connect_from, eventually_blocking, exchange};
 
 const SECS: Duration = Duration::from_secs(30);
 /// The bound for "edit a file → enforced".
@@ -116,7 +116,7 @@ impl ControlMesh {
             &[],
         );
         let root = m.dir.path().join("state/root-cert.pem");
-        eventually("control plane CA root", SECS, || {
+        eventually_blocking("control plane CA root", SECS, || {
             root.exists().then_some(())
         });
         for pod in ["client", "server"] {
@@ -231,10 +231,10 @@ fn manifest_edits_are_enforced_within_two_seconds() {
     let m = ControlMesh::start();
     let server = SocketAddr::from((m.topo.pod("server").ip(), APP_PORT));
     let vip = SocketAddr::from(([10, 96, 0, 10], 80));
-    eventually("client → server over HBONE", SECS, || {
+    eventually_blocking("client → server over HBONE", SECS, || {
         m.reachable("client", server).then_some(())
     });
-    eventually("client → service VIP", SECS, || {
+    eventually_blocking("client → service VIP", SECS, || {
         m.reachable("client", vip).then_some(())
     });
     assert!(

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use ambit_netns::{SocketFactory, SocketOptions};
 use ambit_topology::Topology;
-use mesh::{APP_PORT, Proc, connect_from, eventually, exchange};
+use mesh::{APP_PORT, Proc, connect_from, eventually_blocking, exchange};
 
 const SECS: Duration = Duration::from_secs(30);
 const SELECTORS: &str = "- podSelector: {matchLabels: {istio.io/dataplane-mode: ambient}}\n- podSelector: {matchExpressions: [{key: istio.io/dataplane-mode, operator: NotIn, values: [none]}]}\n  namespaceSelector: {matchLabels: {istio.io/dataplane-mode: ambient}}\n";
@@ -208,7 +208,7 @@ impl Cluster {
             &[],
         );
         let root = c.path("state/root-cert.pem");
-        eventually("control CA root", SECS, || root.exists().then_some(()));
+        eventually_blocking("control CA root", SECS, || root.exists().then_some(()));
         for node in ["node1", "node2"] {
             let pods = c.path(&format!("{node}/pods")).display().to_string();
             let env = vec![
@@ -337,7 +337,7 @@ fn enrolled_through_cni_and_hand_off(nftables: bool) {
     c.start_app();
     let server = SocketAddr::from((c.topo.pod("server").ip(), APP_PORT));
     let client_ip = c.topo.pod("client").ip();
-    let reply = eventually(
+    let reply = eventually_blocking(
         "client → server through the in-pod listeners",
         SECS,
         || {
@@ -381,7 +381,7 @@ fn enrolled_through_cni_and_hand_off(nftables: bool) {
         .arg(pid.to_string())
         .status()
         .unwrap();
-    eventually("agent exits", SECS, || {
+    eventually_blocking("agent exits", SECS, || {
         c.procs[agent].1.child.try_wait().ok().flatten()
     });
     // What the API server would hold by now: the annotation the agent wrote at enrolment.
@@ -429,14 +429,14 @@ fn enrolled_through_cni_and_hand_off(nftables: bool) {
         c.ztunnel_listeners("server").contains("fwmark:0x539"),
         "the pod's proxy survived the agent restart"
     );
-    eventually("traffic after the agent restart", SECS, || {
+    eventually_blocking("traffic after the agent restart", SECS, || {
         let mut s = connect_from(c.topo.pod("client").netns(), server).ok()?;
         exchange(&mut s, "agent-back").ok()
     });
 
     // A "kubelet probe" from the node reaches the app through the host SNAT path, as
     // 169.254.7.127, not through ztunnel.
-    let reply = eventually("probe from the node", SECS, || {
+    let reply = eventually_blocking("probe from the node", SECS, || {
         let mut s = connect_from(c.topo.node("node2").netns(), server).ok()?;
         exchange(&mut s, "probe").ok()
     });
@@ -477,7 +477,7 @@ fn enrolled_through_cni_and_hand_off(nftables: bool) {
             }
         })
     };
-    eventually("steady traffic", SECS, || {
+    eventually_blocking("steady traffic", SECS, || {
         (ok.load(Ordering::Relaxed) > 20).then_some(())
     });
     let env = c.ztunnel_env("node2");
@@ -495,11 +495,11 @@ fn enrolled_through_cni_and_hand_off(nftables: bool) {
         .arg(pid.to_string())
         .status()
         .unwrap();
-    let exited = eventually("old ztunnel exits", SECS, || {
+    let exited = eventually_blocking("old ztunnel exits", SECS, || {
         c.procs[old].1.child.try_wait().ok().flatten()
     });
     assert!(exited.success(), "old ztunnel exit {exited:?}");
-    eventually("traffic continues on the new ztunnel", SECS, || {
+    eventually_blocking("traffic continues on the new ztunnel", SECS, || {
         (ok.load(Ordering::Relaxed) > before + 100).then_some(())
     });
     stop.store(true, Ordering::Relaxed);

@@ -17,6 +17,7 @@ use ambit_control::kube_source::KubeSource;
 use ambit_control::translate::ClusterConfig;
 use ambit_kubeapi::Client;
 use ambit_kubeapi::testing::{FakeApiServer, RecordedRequest, TokenIdentity};
+use ambit_testkit::eventually;
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -195,14 +196,6 @@ fn check(sa: &str, requests: &[RecordedRequest]) {
     }
 }
 
-async fn poll(what: &str, mut f: impl FnMut() -> bool) {
-    let end = tokio::time::Instant::now() + DEADLINE;
-    while !f() {
-        assert!(tokio::time::Instant::now() < end, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn watched(server: &FakeApiServer, path: &str) -> bool {
     server
         .requests()
@@ -243,7 +236,7 @@ async fn cni_agent_rbac_is_exactly_what_it_calls() {
     })
     .await
     .expect("synced");
-    poll("both watches open", || {
+    eventually("both watches open", DEADLINE, || {
         watched(&server, "/api/v1/pods") && watched(&server, "/api/v1/namespaces")
     })
     .await;
@@ -283,7 +276,7 @@ async fn control_plane_rbac_is_exactly_what_it_calls() {
         .await
         .expect("listed");
     for path in ambit_control::kube_source::RESOURCES.map(|(_, p, _)| p) {
-        poll(path, || watched(&server, path)).await;
+        eventually(path, DEADLINE, || watched(&server, path)).await;
     }
     let mut pods = PodIndex::new();
     pods.insert(

@@ -4,6 +4,7 @@
 //! still flowing through the new ztunnel, then `ambit down` leaving no process behind.
 //! Needs root (network namespaces).
 
+use ambit_testkit::eventually_blocking;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -271,9 +272,10 @@ fn logs_ztunnel_config_restart() {
     let out = ambit(&run, &["down"]);
     assert!(out.status.success(), "{out:?}");
     let _ = up.child.wait();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(new) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_blocking(
+        "the restarted ztunnel to exit",
+        Duration::from_secs(10),
+        || !alive(new),
+    );
     assert!(!alive(new), "restarted ztunnel left running");
 }

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use ambit_netns::SocketFactory;
 
-use mesh::{APP_PORT, Mesh, VIP, closed_within, connect_from, counter, eventually, exchange, id};
+use mesh::{
+    APP_PORT, Mesh, VIP, closed_within, connect_from, counter, eventually_blocking, exchange, id,
+};
 
 fn capable(test: &str) -> bool {
     ambit_netns::testing::netns_capable_or_skip(test)
@@ -61,7 +63,7 @@ fn hbone_across_nodes_is_encrypted_and_carries_identity() {
         .stderr(std::fs::File::create(&tcpdump_err).unwrap())
         .spawn()
         .expect("tcpdump");
-    eventually("tcpdump listening", SECS, || {
+    eventually_blocking("tcpdump listening", SECS, || {
         std::fs::read_to_string(&tcpdump_err)
             .ok()?
             .contains("listening on")
@@ -69,7 +71,7 @@ fn hbone_across_nodes_is_encrypted_and_carries_identity() {
     });
 
     let marker = format!("AMBIT-PLAINTEXT-MARKER-{}", std::process::id());
-    let reply = eventually("client reaches server", SECS, || {
+    let reply = eventually_blocking("client reaches server", SECS, || {
         try_exchange(&m, "client", m.pod_addr("server", APP_PORT), &marker).ok()
     });
     assert!(
@@ -78,7 +80,7 @@ fn hbone_across_nodes_is_encrypted_and_carries_identity() {
     );
     assert!(reply.contains(&marker), "echo missing: {reply:?}");
 
-    eventually("tcpdump wrote the packets", SECS, || {
+    eventually_blocking("tcpdump wrote the packets", SECS, || {
         (std::fs::metadata(&pcap).ok()?.len() > 500).then_some(())
     });
     let _ = std::process::Command::new("kill")
@@ -101,7 +103,7 @@ fn hbone_across_nodes_is_encrypted_and_carries_identity() {
 
     // The server side saw the client's SPIFFE identity (metrics and access log).
     let principal = format!("source_principal=\"{}\"", id("client"));
-    eventually(
+    eventually_blocking(
         "destination metrics with the client principal",
         SECS,
         || {
@@ -114,7 +116,7 @@ fn hbone_across_nodes_is_encrypted_and_carries_identity() {
                 .then_some(())
         },
     );
-    eventually("source metrics in the client ztunnel", SECS, || {
+    eventually_blocking("source metrics in the client ztunnel", SECS, || {
         let text = m.metrics("client");
         let opened = counter(
             &text,
@@ -131,7 +133,7 @@ fn hbone_across_nodes_is_encrypted_and_carries_identity() {
     // Byte counters move while a connection is still open.
     let mut open = connect_from(m.pod_ns("client"), m.pod_addr("server", APP_PORT)).unwrap();
     exchange(&mut open, "live-bytes").unwrap();
-    eventually("live byte counters", SECS, || {
+    eventually_blocking("live byte counters", SECS, || {
         let text = m.metrics("server");
         let open_conns = counter(
             &text,
@@ -146,7 +148,7 @@ fn hbone_across_nodes_is_encrypted_and_carries_identity() {
         (open_conns >= 1.0 && received > 0.0).then_some(())
     });
     drop(open);
-    eventually("server access log names the client identity", SECS, || {
+    eventually_blocking("server access log names the client identity", SECS, || {
         m.ztunnel_log("server")
             .contains(&id("client").to_string())
             .then_some(())
@@ -161,7 +163,7 @@ fn service_vip_and_passthrough() {
     let m = standard_mesh();
     let client_ip = m.topo.pod("client").ip();
     // VIP 10.96.0.10:80 → server:8080 over HBONE.
-    let reply = eventually("VIP reaches the endpoint", SECS, || {
+    let reply = eventually_blocking("VIP reaches the endpoint", SECS, || {
         try_exchange(&m, "client", SocketAddr::from((VIP, 80)), "via-vip").ok()
     });
     assert!(
@@ -172,7 +174,7 @@ fn service_vip_and_passthrough() {
     let node2 = m.topo.node("node2");
     let outside = SocketAddr::from((node2.ip(), 9999));
     m.start_app_in(node2.netns(), outside);
-    let reply = eventually("passthrough reaches the outside server", SECS, || {
+    let reply = eventually_blocking("passthrough reaches the outside server", SECS, || {
         try_exchange(&m, "client", outside, "passthrough").ok()
     });
     assert!(
@@ -196,11 +198,11 @@ fn authorization_allow_deny_and_live_policy_change() {
     }
     let m = standard_mesh();
     let server = m.pod_addr("server", APP_PORT);
-    eventually("baseline traffic", SECS, || {
+    eventually_blocking("baseline traffic", SECS, || {
         try_exchange(&m, "client", server, "x").ok()
     });
     // The uncaptured pod reaches the server in plaintext through 15006 while no policy exists.
-    eventually("plaintext allowed without policies", SECS, || {
+    eventually_blocking("plaintext allowed without policies", SECS, || {
         try_exchange(&m, "plain", server, "x").ok()
     });
 
@@ -216,12 +218,12 @@ fn authorization_allow_deny_and_live_policy_change() {
     ];
     for (i, (policies, client_ok, plain_ok)) in cases.iter().enumerate() {
         m.write_config(policies);
-        eventually(
+        eventually_blocking(
             &format!("case {i}: client allowed={client_ok}"),
             SECS,
             || (try_exchange(&m, "client", server, "x").is_ok() == *client_ok).then_some(()),
         );
-        eventually(
+        eventually_blocking(
             &format!("case {i}: plaintext allowed={plain_ok}"),
             SECS,
             || (try_exchange(&m, "plain", server, "x").is_ok() == *plain_ok).then_some(()),
@@ -261,7 +263,7 @@ fn peer_identity_is_verified_both_ways() {
         (&good, id("other"), false),
     ];
     let factory = mesh::app_factory(m.pod_ns("plain"));
-    eventually("server ztunnel ready", SECS, || {
+    eventually_blocking("server ztunnel ready", SECS, || {
         connect_from(m.pod_ns("plain"), hbone).ok()
     });
     for (cert, expected, ok) in cases {
@@ -303,7 +305,7 @@ fn peer_identity_is_verified_both_ways() {
         closed_within(&mut junk, Duration::from_secs(15)),
         "garbage TLS not closed"
     );
-    eventually("server still serves", SECS, || {
+    eventually_blocking("server still serves", SECS, || {
         try_exchange(&m, "client", m.pod_addr("server", APP_PORT), "after").ok()
     });
 }
@@ -315,7 +317,7 @@ fn sigterm_drains_then_exits() {
     }
     let mut m = standard_mesh();
     let server = m.pod_addr("server", APP_PORT);
-    let mut open = eventually("connection", SECS, || {
+    let mut open = eventually_blocking("connection", SECS, || {
         let mut s = connect_from(m.pod_ns("client"), server).ok()?;
         exchange(&mut s, "one").ok()?;
         Some(s)
@@ -334,7 +336,7 @@ fn sigterm_drains_then_exits() {
         "in-flight connection broke at drain start: {echoed:?}"
     );
     let proc = m.ztunnels.get_mut("server").unwrap();
-    let status = eventually("server ztunnel exits", SECS, || {
+    let status = eventually_blocking("server ztunnel exits", SECS, || {
         proc.child.try_wait().ok().flatten()
     });
     assert!(status.success(), "exit status {status:?}");
@@ -377,7 +379,7 @@ fn hbone_status_codes_match_upstream() {
     let server_ip = m.topo.pod("server").ip();
     let request =
         |method: &str, uri: &str| m.hbone_request("plain", "plain", "server", method, uri);
-    eventually("server ztunnel ready", SECS, || {
+    eventually_blocking("server ztunnel ready", SECS, || {
         request("CONNECT", &format!("{server_ip}:{APP_PORT}")).ok()
     });
     // (method, authority, status)
@@ -414,7 +416,7 @@ fn hbone_status_codes_match_upstream() {
     }
     let deny_plain = "- name: deny-plain\n  namespace: default\n  scope: Namespace\n  action: Deny\n  rules: [[[ {principals: [!Exact cluster.local/ns/default/sa/plain]} ]]]\n";
     m.write_config(&[deny_plain]);
-    eventually("401 for a denied identity", SECS, || {
+    eventually_blocking("401 for a denied identity", SECS, || {
         (request("CONNECT", &format!("{server_ip}:{APP_PORT}"))
             .ok()?
             .0
@@ -516,7 +518,7 @@ fn dns_proxy_answers_mesh_names_and_forwards_the_rest() {
         ),
     ];
     for (args, want) in cases {
-        let out = eventually(&format!("dig {args:?}"), SECS, || {
+        let out = eventually_blocking(&format!("dig {args:?}"), SECS, || {
             let out = dig(&m, "client", args);
             out.contains(want).then_some(out)
         });
@@ -559,13 +561,13 @@ fn certificate_rotation_keeps_connections() {
     );
     m.start_app("server", APP_PORT);
     let server = m.pod_addr("server", APP_PORT);
-    let mut open = eventually("connection", SECS, || {
+    let mut open = eventually_blocking("connection", SECS, || {
         let mut s = connect_from(m.pod_ns("client"), server).ok()?;
         exchange(&mut s, "first").ok()?;
         Some(s)
     });
     // Wait until both sides renewed at least twice (three issuances each).
-    eventually("certificates renewed", SECS, || {
+    eventually_blocking("certificates renewed", SECS, || {
         let issued = |pod: &str| m.ztunnel_log(pod).matches("certificate issued").count();
         (issued("client") >= 3 && issued("server") >= 3).then_some(())
     });
@@ -575,7 +577,7 @@ fn certificate_rotation_keeps_connections() {
         "connection broke across rotation: {echoed:?}"
     );
     // New connections use the new certificates (the old ones have expired by now).
-    eventually("new connection after rotation", SECS, || {
+    eventually_blocking("new connection after rotation", SECS, || {
         try_exchange(&m, "client", server, "new").ok()
     });
 }

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use ambit_netns::SocketFactory;
 use std::time::Duration;
 
-use mesh::{APP_PORT, ConfigExtras, Mesh, connect_from, eventually, exchange};
+use mesh::{APP_PORT, ConfigExtras, Mesh, connect_from, eventually_blocking, exchange};
 
 fn capable(test: &str) -> bool {
     ambit_netns::testing::netns_capable_or_skip(test)
@@ -56,7 +56,7 @@ fn policy_is_evaluated_for_the_served_workload() {
     let server_ip = m.topo.pod("server").ip();
     let server = m.pod_addr("server", APP_PORT);
     let impostor = impostor(&m);
-    eventually("baseline traffic", SECS, || {
+    eventually_blocking("baseline traffic", SECS, || {
         try_exchange(&m, "client", server).ok()
     });
 
@@ -121,7 +121,7 @@ fn policy_is_evaluated_for_the_served_workload() {
         };
         m.apply_config(&[case.policy], &extras);
         let what = case.what;
-        eventually(&format!("{what}: CONNECT {}", case.connect), SECS, || {
+        eventually_blocking(&format!("{what}: CONNECT {}", case.connect), SECS, || {
             let r = m.hbone_request(
                 "plain",
                 "client",
@@ -131,12 +131,12 @@ fn policy_is_evaluated_for_the_served_workload() {
             );
             matches!(&r, Ok((status, _)) if *status == case.connect).then_some(())
         });
-        eventually(
+        eventually_blocking(
             &format!("{what}: client allowed={}", case.client_ok),
             SECS,
             || (try_exchange(&m, "client", server).is_ok() == case.client_ok).then_some(()),
         );
-        eventually(
+        eventually_blocking(
             &format!("{what}: plaintext allowed={}", case.plain_ok),
             SECS,
             || (try_exchange(&m, "plain", server).is_ok() == case.plain_ok).then_some(()),
@@ -194,7 +194,7 @@ fn a_silent_hbone_peer_is_cut_off() {
         return;
     }
     let m = Mesh::start(&[("node1", "plain", false), ("node2", "server", true)]);
-    eventually("the server has its certificate", SECS, || {
+    eventually_blocking("the server has its certificate", SECS, || {
         m.hbone_request("plain", "client", "server", "CONNECT", "1.2.3.4:1")
             .ok()
     });
@@ -235,7 +235,7 @@ fn a_ca_that_never_answers_is_bounded_and_retried() {
     );
     // The CA recovers: the hung calls are given up on and retried, and traffic flows.
     m.ca_answers.send_replace(true);
-    eventually(
+    eventually_blocking(
         "traffic once the CA answers",
         Duration::from_secs(60),
         || try_exchange(&m, "client", server).ok(),

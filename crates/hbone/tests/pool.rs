@@ -9,6 +9,7 @@ mod support;
 use std::time::Duration;
 
 use ambit_hbone::{ConnectTarget, H2Settings, H2Stream, Pool, PoolConfig, PoolError};
+use ambit_testkit::eventually;
 use http::HeaderMap;
 use support::*;
 
@@ -199,7 +200,10 @@ async fn idle_connections_are_released() {
     let mut s = open(&pool).await;
     assert_eq!(round_trip(&mut s, b"a").await, b"a");
     drop(s);
-    eventually("idle release", || pool.connection_count(&key) == 0).await;
+    eventually("idle release", Duration::from_secs(10), || {
+        pool.connection_count(&key) == 0
+    })
+    .await;
     // The released connection is really closed: its server saw the client go away.
     let server = dialer.servers.lock().unwrap().remove(0);
     let end = tokio::time::timeout(Duration::from_secs(10), server)

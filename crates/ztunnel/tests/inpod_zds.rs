@@ -21,6 +21,7 @@ use ambit_netns::{
     testing::netns_capable_or_skip,
 };
 use ambit_proto::zds::{self, workload_request::Payload};
+use ambit_testkit::eventually;
 use ambit_tls::{LocalCa, WorkloadCertificate};
 use ambit_ztunnel::Config;
 use ambit_ztunnel::drain::{self, DrainMode, DrainTrigger, DrainWatcher};
@@ -324,15 +325,6 @@ async fn accept(listener: &SeqPacketListener) -> SeqPacket {
     conn
 }
 
-/// Polls `f` until it holds or the deadline passes.
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !f() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 macro_rules! skip_unless_root {
     ($name:expr) => {
         if !netns_capable_or_skip($name) {
@@ -367,7 +359,7 @@ async fn add_snapshot_readd_del_and_shutdown() {
             "name": "alpha", "namespace": "default", "serviceAccount": "alpha"}}})
     );
     // The pod's certificate was prefetched from the CA.
-    eventually("certificate issued", || {
+    eventually("certificate issued", WAIT, || {
         h.certs
             .states()
             .iter()
@@ -415,7 +407,7 @@ async fn snapshot_reconciles_across_reconnects() {
 
     // The agent restarts: proxies survive the disconnect, readiness drops.
     h.agent_restart().await;
-    eventually("not ready after the disconnect", || !h.is_ready()).await;
+    eventually("not ready after the disconnect", WAIT, || !h.is_ready()).await;
     assert!(
         pods.iter().all(Pod::proxied),
         "proxies survive a disconnect"
@@ -600,8 +592,8 @@ async fn failed_starts_stay_pending_and_are_retried() {
             Cause::PortHeld => drop(held.take()),
             Cause::NoWorkloadRecord => h.state.upsert_workload(a.workload()),
         }
-        eventually(name, || a.proxied()).await;
-        eventually(name, || h.is_ready()).await;
+        eventually(name, WAIT, || a.proxied()).await;
+        eventually(name, WAIT, || h.is_ready()).await;
         assert_eq!(h.mgr.workload_state()["uid-a"]["state"], "Up", "{name}");
         assert_eq!(h.wm(), (1, 0, 1, 0), "{name}");
         h.shutdown().await;

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ambit_ztunnel::admin::{AdminError, AdminServer, AdminState, DumpSection};
 use ambit_ztunnel::config::LogFormat;
@@ -74,14 +74,11 @@ async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &
 
 /// Polls until `addr` refuses connections (the server stopped listening).
 async fn wait_refused(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(addr).await.is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "{addr} still accepting after drain"
-        );
-        tokio::task::yield_now().await;
-    }
+    let what = format!("{addr} to stop accepting after the drain");
+    ambit_testkit::eventually_async(&what, Duration::from_secs(10), || async move {
+        tokio::net::TcpStream::connect(addr).await.is_err()
+    })
+    .await;
 }
 
 const TRAFFIC_LABELS: [&str; 27] = [

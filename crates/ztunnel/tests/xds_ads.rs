@@ -19,6 +19,7 @@ use ambit_proto::discovery::aggregated_discovery_service_client::AggregatedDisco
 use ambit_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use ambit_proto::prost::Message;
 use ambit_proto::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, rpc, security, workload};
+use ambit_testkit::eventually;
 use ambit_tls::LocalCa;
 use ambit_ztunnel::config::AuthToken;
 use ambit_ztunnel::identity::{CertManager, CertProvider, IdentityError};
@@ -171,16 +172,6 @@ async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
     tokio::time::timeout(DEADLINE, fut)
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-/// Polls `check` until it holds.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    within(what, async {
-        while !check() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
 }
 
 // ---- raw protocol client ------------------------------------------------------------------
@@ -390,7 +381,10 @@ async fn server_protocol_pushes_deltas_and_honours_acks() {
 
     assert_eq!(cp.xds.streams(), 1);
     drop(s);
-    eventually("the server to forget the stream", || cp.xds.streams() == 0).await;
+    eventually("the server to forget the stream", DEADLINE, || {
+        cp.xds.streams() == 0
+    })
+    .await;
     cp.stop().await;
 }
 
@@ -456,7 +450,7 @@ async fn client_syncs_refuses_invalid_and_resyncs_after_restart() {
 
     let refused = "istio_xds_connection_terminations_total";
     let reason = "reason=\"ConnectionError\"";
-    eventually("a failed connection attempt", || {
+    eventually("a failed connection attempt", DEADLINE, || {
         metric(&metrics, refused, reason) >= 2
     })
     .await;
@@ -470,7 +464,7 @@ async fn client_syncs_refuses_invalid_and_resyncs_after_restart() {
         snapshot(&[("w1", "n1")], &["web"], &["p1"], &["bad"]),
     )
     .await;
-    eventually("the first sync", || {
+    eventually("the first sync", DEADLINE, || {
         has_workload(&state, "w1", "n1")
             && state
                 .service_by_key(&NamespacedHostname::new("default", "web").unwrap())
@@ -490,7 +484,10 @@ async fn client_syncs_refuses_invalid_and_resyncs_after_restart() {
         &[],
     ));
     within("readiness", ready.wait_ready()).await;
-    eventually("the fixed workload", || has_workload(&state, "bad", "n1")).await;
+    eventually("the fixed workload", DEADLINE, || {
+        has_workload(&state, "bad", "n1")
+    })
+    .await;
 
     // Updates: policy added/removed, a workload changed.
     let steps: &[(&str, Snapshot, StateCheck)] = &[
@@ -514,7 +511,7 @@ async fn client_syncs_refuses_invalid_and_resyncs_after_restart() {
     ];
     for (what, snap, check) in steps {
         cp.xds.update(snap.clone());
-        eventually(what, || check(&state)).await;
+        eventually(what, DEADLINE, || check(&state)).await;
     }
     let p4 = {
         let snap = cp.xds.snapshot();
@@ -543,7 +540,7 @@ async fn client_syncs_refuses_invalid_and_resyncs_after_restart() {
         ),
     )
     .await;
-    eventually("the resync", || {
+    eventually("the resync", DEADLINE, || {
         has_workload(&state, "w2", "n1")
             && state.workload_by_uid(&uid("w1")).is_none()
             && state.workload_by_uid(&uid("w3")).is_none()
@@ -656,7 +653,7 @@ async fn zds_is_joined_only_once_policy_has_synced() {
     let mgr_task = tokio::spawn(mgr.run(mgr_watcher));
 
     // Both responses were handled (the refused one NACKed, the rest applied) ...
-    eventually("the first responses", || {
+    eventually("the first responses", DEADLINE, || {
         has_workload(&state, "w1", "node1")
             && has_policy(&state, "p1")
             && auth_messages(&metrics).0 >= 1
@@ -794,7 +791,7 @@ async fn local_config_reload_keeps_xds_records() {
         if let Some(snap) = &step.xds {
             cp.xds.update(snap.clone());
         }
-        eventually(step.what, || (step.check)(&state)).await;
+        eventually(step.what, DEADLINE, || (step.check)(&state)).await;
         assert!(xds_intact(&state), "{}: xDS records lost", step.what);
         assert_eq!(
             from_file(&state),

@@ -275,14 +275,7 @@ pub fn alive(pid: u32) -> bool {
 
 /// Waits up to `limit` for `child` to exit.
 pub fn wait_exit(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    ambit_testkit::eventually_blocking(what, limit, || child.try_wait().ok().flatten())
 }
 
 pub fn stdout(out: &Output) -> String {

@@ -23,24 +23,13 @@ use ambit_proto::ca::istio_certificate_service_server::{
 };
 use ambit_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use ambit_redirect::{Backend, InPod, IpNetnsExec, PodRedirectConfig};
+pub use ambit_testkit::eventually_blocking;
 use ambit_tls::LocalCa;
 use ambit_topology::{Namespace, Topology};
 
 pub const TRUST_DOMAIN: &str = "cluster.local";
 pub const APP_PORT: u16 = 8080;
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
-
-/// Polls `f` until it returns `Some`, failing the test after `timeout`.
-pub fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// A process killed on drop.
 pub struct Proc {
@@ -362,7 +351,7 @@ impl Mesh {
         self.write_config_with(&all, extras);
         let admin = SocketAddr::from(([127, 0, 0, 1], 15000));
         for pod in self.ztunnels.keys() {
-            eventually(
+            eventually_blocking(
                 &format!("ztunnel in {pod} loaded {name}"),
                 Duration::from_secs(20),
                 || {
@@ -443,7 +432,7 @@ impl Mesh {
         let ns = self.pod_ns(pod);
         let addr = SocketAddr::from(([127, 0, 0, 1], 15021));
         let proc = &self.ztunnels[pod];
-        eventually(
+        eventually_blocking(
             &format!("ztunnel in {pod} ready"),
             Duration::from_secs(30),
             || match http_get(ns, addr, "/healthz/ready") {

@@ -5,7 +5,6 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use ambit_hbone::{
     ConnectRequest, ConnectionEnd, H2Settings, H2Stream, Responder, ServerError, serve_connection,
@@ -107,18 +106,6 @@ impl Dialer {
         let served = serve(settings, status_handler);
         self.servers.lock().unwrap().push(served.server);
         served.io
-    }
-}
-
-/// Polls `cond` until true, failing the test after a generous deadline.
-pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
