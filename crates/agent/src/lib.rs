@@ -54,6 +54,8 @@
 //!   episodes (a failure repeating every pass counts once).
 //! - **Not implemented yet:** the plugin's rolling log file.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod daemon;
 pub mod discovery;

@@ -4,6 +4,8 @@
 //! hands a typed configuration to its library. Invoked as `istio-cni` (the name container
 //! runtimes call CNI plugins by) it is the CNI plugin.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

@@ -1,6 +1,8 @@
 //! ambit-control: the ambient control plane — translation of Kubernetes-shaped objects to
 //! workload xDS, the xDS server, and the certificate authority (`IstioCertificateService`).
 
+#![forbid(unsafe_code)]
+
 pub mod ca;
 pub mod grpc;
 pub mod kube_auth;

@@ -12,6 +12,8 @@
 //! - [`authority`] and [`headers`]: pure, bounded parsers for peer-controlled text
 //!   (fuzz entry points: [`parse_authority`], [`Baggage::parse`], [`parse_forwarded`]).
 
+#![forbid(unsafe_code)]
+
 pub mod authority;
 pub mod client;
 pub mod copy;

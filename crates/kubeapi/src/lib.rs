@@ -29,6 +29,8 @@
 //! connection, or a few idle HTTP/1.1 ones); kubeconfig client certificates and `exec`
 //! credential plugins ([`exec`]) are supported.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod config;
 pub mod exec;

@@ -32,6 +32,8 @@
 //! This crate touches `nix` only for signals to recorded pids; namespaces go through
 //! `ambit-netns` and `ambit-topology`.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod apply;
 pub mod down;

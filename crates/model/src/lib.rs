@@ -2,6 +2,8 @@
 //! conversion from the wire (protobuf) types, and the upstream local-config YAML.
 //! No sockets, no tokio.
 
+#![forbid(unsafe_code)]
+
 pub mod addr;
 pub mod authz;
 pub mod convert;

@@ -32,6 +32,8 @@
 //! in prost (unknown values survive a round trip); use the generated getters or
 //! `Enum::try_from(i32)` to read them.
 
+#![forbid(unsafe_code)]
+
 pub use prost;
 pub use prost_types;
 

@@ -22,6 +22,8 @@
 //! in-process instead (netlink, `/proc/sys`) and starts rule tools only when a pod's rules
 //! changed, so its cost does not grow by a process per pod.
 
+#![forbid(unsafe_code)]
+
 mod apply;
 pub mod config;
 pub mod consts;

@@ -20,6 +20,8 @@
 //!   HBONE and for the xDS / CA gRPC channels.
 //! - `pem` (private): PEM encoding of DER blobs.
 
+#![forbid(unsafe_code)]
+
 pub mod ca;
 pub mod cert;
 pub mod config;

@@ -47,6 +47,8 @@
 //! them. Processes started with [`Topology::spawn`] are killed when their [`ChildGuard`]
 //! drops.
 
+#![forbid(unsafe_code)]
+
 mod addressing;
 mod cleanup;
 mod plan;

@@ -16,6 +16,8 @@
 //! | [`xds`] | the delta ADS client |
 //! | [`telemetry`] / [`admin`] / [`readiness`] / [`drain`] | metrics, access logs, admin, readiness, shutdown |
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod app;
 pub mod config;
