@@ -2,9 +2,10 @@
 //! the data path, fed by the local config file and by xDS.
 //!
 //! Readers take a short read lock and clone `Arc`s out, so no lock is held across I/O. Every
-//! change that can alter an authorization decision bumps a generation on a watch channel; the
-//! inbound connection tracker re-evaluates open connections when it moves (§6 "policy change
-//! closes now-denied connections").
+//! change that can alter an authorization decision bumps a generation on a watch channel and
+//! says what it touched in a bounded log ([`changes`]); the inbound connection tracker
+//! re-evaluates the open connections it can affect when it moves (§6 "policy change closes
+//! now-denied connections").
 //!
 //! Fail closed: a new state is *not synced*. Whoever feeds it marks it synced once every
 //! source had its first complete response (xDS: both types ACKed once; local config only:
@@ -13,16 +14,19 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use ambit_model::authz::{Authorization, PolicySet};
+use ambit_model::authz::{Authorization, PolicySet, Scope};
 use ambit_model::names::{NamespacedHostname, PolicyKey, WorkloadUid};
 use ambit_model::workload::{HealthStatus, PortMap};
 use ambit_model::{NetworkAddr, Service, Workload};
 use tokio::sync::watch;
 
+pub mod changes;
 pub mod dump;
 mod sources;
+
+use changes::{Affected, ChangeLog, Since};
 
 use sources::{Owned, XdsChange};
 
@@ -67,6 +71,8 @@ struct LocalOwned {
 pub struct ProxyState {
     inner: RwLock<Inner>,
     policy_generation: watch::Sender<u64>,
+    /// What each generation touched; its lock also orders the generations.
+    changes: Mutex<ChangeLog>,
     /// Turns true once, when every source had its first complete response.
     synced: watch::Sender<bool>,
 }
@@ -82,6 +88,7 @@ impl ProxyState {
         Self {
             inner: RwLock::new(Inner::default()),
             policy_generation: watch::channel(0).0,
+            changes: Mutex::new(ChangeLog::default()),
             synced: watch::channel(false).0,
         }
     }
@@ -120,9 +127,20 @@ impl ProxyState {
         self.policy_generation.subscribe()
     }
 
-    fn bump_policy(&self) {
-        self.policy_generation
-            .send_modify(|g| *g = g.wrapping_add(1));
+    /// What changed after generation `seen` (a value from [`Self::policy_changes`], or 0),
+    /// and the generation that brings the reader to.
+    pub fn changes_since(&self, seen: u64) -> (Since, u64) {
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .since(seen)
+    }
+
+    fn bump_policy(&self, affected: Affected) {
+        let mut log = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let generation = log.push(affected);
+        // Sent under the log's lock, so the channel's value never runs ahead of the log.
+        self.policy_generation.send_replace(generation);
     }
 
     // ---- mutation ----------------------------------------------------------------------
@@ -132,16 +150,16 @@ impl ProxyState {
 
     /// Inserts or replaces a workload (xDS resource name = uid).
     pub fn upsert_workload(&self, workload: Workload) {
+        let uid = workload.uid.clone();
         {
             let mut inner = self.write();
-            let uid = workload.uid.clone();
             let Err(w) = inner.local.workloads.xds_upsert(&uid, Arc::new(workload)) else {
                 return;
             };
             inner.remove_workload(uid.as_str());
             inner.insert_workload(w);
         }
-        self.bump_policy();
+        self.bump_policy(Affected::Workload(uid));
     }
 
     pub fn remove_workload(&self, uid: &str) -> bool {
@@ -153,7 +171,12 @@ impl ProxyState {
             !owned && inner.remove_workload(uid)
         };
         if removed {
-            self.bump_policy();
+            // A uid the maps held is a valid one; should it not parse, re-check everything.
+            self.bump_policy(
+                WorkloadUid::new(uid)
+                    .map(Affected::Workload)
+                    .unwrap_or(Affected::All),
+            );
         }
         removed
     }
@@ -175,27 +198,34 @@ impl ProxyState {
     }
 
     pub fn upsert_policy(&self, policy: Authorization) {
-        {
+        let key = policy.key.clone();
+        let global = {
             let mut inner = self.write();
-            let key = policy.key.clone();
             let Err(p) = inner.local.policies.xds_upsert(&key, Arc::new(policy)) else {
                 return;
             };
-            inner.policies.insert(Arc::unwrap_or_clone(p));
-        }
-        self.bump_policy();
+            let p = Arc::unwrap_or_clone(p);
+            let global = p.scope == Scope::Global;
+            let old = inner.policies.insert(p);
+            global || old.is_some_and(|o| o.scope == Scope::Global)
+        };
+        self.bump_policy(policy_affects(key, global));
     }
 
     pub fn remove_policy(&self, key: &PolicyKey) -> bool {
         let removed = {
             let mut inner = self.write();
-            inner.local.policies.xds_remove(key) == XdsChange::Apply
-                && inner.policies.remove(key).is_some()
+            if inner.local.policies.xds_remove(key) == XdsChange::Apply {
+                inner.policies.remove(key)
+            } else {
+                None
+            }
         };
-        if removed {
-            self.bump_policy();
-        }
-        removed
+        let Some(old) = removed else {
+            return false;
+        };
+        self.bump_policy(policy_affects(key.clone(), old.scope == Scope::Global));
+        true
     }
 
     /// The local config file (re)loaded: its records replace what it defined before, and
@@ -248,7 +278,7 @@ impl ProxyState {
                 inner.policies.insert(p);
             }
         }
-        self.bump_policy();
+        self.bump_policy(Affected::All);
     }
 
     // ---- lookups -----------------------------------------------------------------------
@@ -353,6 +383,16 @@ impl ProxyState {
         let inner = self.read();
         let decision = inner.policies.evaluate(workload, conn);
         AuthzOutcome::from_decision(&decision)
+    }
+}
+
+/// The connections a change of policy `key` can affect: every one when the policy is (or
+/// was) global.
+fn policy_affects(key: PolicyKey, global: bool) -> Affected {
+    if global {
+        Affected::All
+    } else {
+        Affected::Policy(key)
     }
 }
 

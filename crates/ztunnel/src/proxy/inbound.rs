@@ -18,7 +18,6 @@ use tokio::net::{TcpListener, TcpStream};
 use super::upstream::{baggage_for, connect_app, insert_baggage};
 use super::{ProxyInputs, TrackedConnection, observe};
 use crate::drain::DrainWatcher;
-use crate::state::AuthzOutcome;
 use crate::telemetry::{
     AccessLog, ConnectionGuard, ConnectionLog, ConnectionSecurityPolicy, Direction, Reporter,
     ResponseFlag, TrafficLabels, connection_failed,
@@ -308,14 +307,20 @@ impl StreamCtx {
             dst_ip: app.ip(),
             dst_port: app.port(),
         };
-        if let AuthzOutcome::Deny(reason) = self.inputs.state.authorize(&workload, &attrs) {
-            let _ = responder.reject(StatusCode::UNAUTHORIZED);
-            let e = InboundError::Denied(reason);
-            guard.set_failed(e.flag());
-            log.complete_with(&guard, Some(&e));
-            return None;
-        }
-        let tracked = self.inputs.tracker.track(workload.clone(), attrs);
+        let tracked = match self
+            .inputs
+            .tracker
+            .admit(&self.inputs.state, workload.clone(), attrs)
+        {
+            Ok(tracked) => tracked,
+            Err(reason) => {
+                let _ = responder.reject(StatusCode::UNAUTHORIZED);
+                let e = InboundError::Denied(reason);
+                guard.set_failed(e.flag());
+                log.complete_with(&guard, Some(&e));
+                return None;
+            }
+        };
         Some(Admitted {
             guard,
             log,

@@ -12,7 +12,6 @@ use tokio::net::{TcpListener, TcpStream};
 use super::upstream::connect_app;
 use super::{ProxyInputs, TrackedConnection, observe};
 use crate::drain::DrainWatcher;
-use crate::state::AuthzOutcome;
 use crate::telemetry::{
     AccessLog, ConnectionGuard, ConnectionLog, Direction, Reporter, ResponseFlag, TrafficLabels,
     connection_failed,
@@ -123,12 +122,14 @@ fn admit(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<A
         dst_ip: orig.ip(),
         dst_port: orig.port(),
     };
-    if let AuthzOutcome::Deny(reason) = inputs.state.authorize(&workload, &attrs) {
-        guard.set_failed(ResponseFlag::Deny);
-        log.complete_with(&guard, Some(&reason));
-        return None;
-    }
-    let tracked = inputs.tracker.track(workload, attrs);
+    let tracked = match inputs.tracker.admit(&inputs.state, workload, attrs) {
+        Ok(tracked) => tracked,
+        Err(reason) => {
+            guard.set_failed(ResponseFlag::Deny);
+            log.complete_with(&guard, Some(&reason));
+            return None;
+        }
+    };
     Some(Admitted {
         guard,
         log,
