@@ -358,6 +358,43 @@ async fn admin_endpoints() {
             body_contains: "is info",
             log_after: "info",
         },
+        // What `istioctl ztunnel-config log` sends: `level=` without --level, and
+        // `level=info&reset` for -r.
+        Case {
+            method: "POST",
+            path: "/logging?level=",
+            status: 200,
+            body_contains: "current log level is info",
+            log_after: "info",
+        },
+        Case {
+            method: "POST",
+            path: "/logging?level=warn",
+            status: 200,
+            body_contains: "is warn",
+            log_after: "warn",
+        },
+        Case {
+            method: "POST",
+            path: "/logging?level=access:bogus&reset",
+            status: 400,
+            body_contains: "usage",
+            log_after: "warn",
+        },
+        Case {
+            method: "POST",
+            path: "/logging?level=info&reset",
+            status: 200,
+            body_contains: "is info",
+            log_after: "info",
+        },
+        Case {
+            method: "POST",
+            path: "/logging?level=debug&bogus",
+            status: 400,
+            body_contains: "usage",
+            log_after: "info",
+        },
         Case {
             method: "GET",
             path: "/quitquitquit",

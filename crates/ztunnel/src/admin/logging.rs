@@ -5,7 +5,9 @@
 //! - `?level=mod:lvl,other:lvl[,lvl]`: per-target levels (upstream's `:` syntax; `=` works too).
 //!   When no bare level is given, the current default level is kept, so asking for one
 //!   target's debug logs does not silence every other target;
-//! - `?reset`: back to the filter the process started with.
+//! - `?reset`: back to the filter the process started with; `?level=L&reset` applies `L`
+//!   on top of it, and an empty `?level=` reports the current filter (what `istioctl
+//!   ztunnel-config log` sends), as upstream does.
 //!
 //! A GET is refused with **405 Method Not Allowed** (`Allow: POST`) and the body
 //! "Invalid HTTP method" plus the usage text: the request is well-formed, only the method is
@@ -24,29 +26,44 @@ pub(crate) const USAGE: &str = "usage: POST /logging\t\t\t\t(print current log l
 /// Outcome of a `/logging` POST: status and body.
 pub(crate) fn handle(log: &LogHandle, query: &[(String, String)]) -> (StatusCode, String) {
     let current = |log: &LogHandle| format!("current log level is {}\n", log.current());
-    match query {
-        [] => (StatusCode::OK, current(log)),
-        [(k, _)] if k == "reset" => match log.reset() {
-            Ok(()) => (StatusCode::OK, current(log)),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-        },
-        [(k, v)] if k == "level" => {
-            let Some(filter) = to_filter(v, &log.default_level()) else {
+    let mut level: Option<&str> = None;
+    let mut reset = false;
+    for (k, v) in query {
+        match k.as_str() {
+            "level" if level.is_none() => level = Some(v),
+            "reset" if !reset => reset = true,
+            _ => {
                 return (
                     StatusCode::BAD_REQUEST,
-                    format!("invalid level {v:?}\n{USAGE}"),
+                    format!("invalid parameters\n{USAGE}"),
                 );
-            };
-            match log.set(&filter) {
-                Ok(()) => (StatusCode::OK, current(log)),
-                Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n{USAGE}")),
             }
         }
-        _ => (
-            StatusCode::BAD_REQUEST,
-            format!("invalid parameters\n{USAGE}"),
-        ),
     }
+    // `level=` with nothing in it asks for the current filter, as upstream answers it
+    // (istioctl sends it when no --level is given).
+    let level = level.filter(|l| !l.is_empty());
+    let before = log.current();
+    if reset && let Err(e) = log.reset() {
+        return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"));
+    }
+    // With reset, the level applies on top of the start-up filter (istioctl's
+    // `level=info&reset`).
+    if let Some(v) = level {
+        let Some(filter) = to_filter(v, &log.default_level()) else {
+            // A refused request changes nothing, the reset included.
+            let _ = log.set(&before);
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("invalid level {v:?}\n{USAGE}"),
+            );
+        };
+        if let Err(e) = log.set(&filter) {
+            let _ = log.set(&before);
+            return (StatusCode::BAD_REQUEST, format!("{e}\n{USAGE}"));
+        }
+    }
+    (StatusCode::OK, current(log))
 }
 
 /// `mod:lvl,lvl` → `lvl,mod=lvl`; keeps `default_level` when no bare level is given.
