@@ -57,6 +57,12 @@ pub enum DumpError {
         #[source]
         source: Box<ambit_kubeapi::Error>,
     },
+    #[error("POST /logging of {pod} through the API server's pod proxy")]
+    Logging {
+        pod: String,
+        #[source]
+        source: Box<ambit_kubeapi::Error>,
+    },
     #[error("reading {path}")]
     File {
         path: String,
@@ -79,6 +85,52 @@ pub async fn from_cluster(
     target: &Target,
     ztunnel_namespace: &str,
 ) -> Result<Vec<(String, Value)>, DumpError> {
+    let mut out = Vec::new();
+    for (namespace, name) in targets(client, target, ztunnel_namespace).await? {
+        let path =
+            format!("/api/v1/namespaces/{namespace}/pods/{name}:{ADMIN_PORT}/proxy/config_dump");
+        let key = format!("{name}.{namespace}");
+        let dump = client.get(&path).await.map_err(|source| DumpError::Fetch {
+            pod: key.clone(),
+            source: Box::new(source),
+        })?;
+        out.push((key, dump));
+    }
+    Ok(out)
+}
+
+/// `POST /logging?QUERY` on the targeted ztunnels (`ztunnel-config log`); their answers,
+/// keyed by pod name (`NAME.NAMESPACE`).
+pub async fn logging_on_cluster(
+    client: &Client,
+    target: &Target,
+    ztunnel_namespace: &str,
+    query: &[(&'static str, String)],
+) -> Result<Vec<(String, String)>, DumpError> {
+    let query: Vec<(&'static str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut out = Vec::new();
+    for (namespace, name) in targets(client, target, ztunnel_namespace).await? {
+        let path = format!("/api/v1/namespaces/{namespace}/pods/{name}:{ADMIN_PORT}/proxy/logging");
+        let key = format!("{name}.{namespace}");
+        let body =
+            client
+                .post_action(&path, &query)
+                .await
+                .map_err(|source| DumpError::Logging {
+                    pod: key.clone(),
+                    source: Box::new(source),
+                })?;
+        out.push((key, String::from_utf8_lossy(&body).into_owned()));
+    }
+    Ok(out)
+}
+
+/// The targeted ztunnel pods as (namespace, name).
+async fn targets(
+    client: &Client,
+    target: &Target,
+    ztunnel_namespace: &str,
+) -> Result<Vec<(String, String)>, DumpError> {
     let pods: Vec<(String, String)> = match target {
         Target::Pod { name, namespace } => vec![(namespace.clone(), name.clone())],
         Target::Node(node) => {
@@ -110,18 +162,7 @@ pub async fn from_cluster(
             found
         }
     };
-    let mut out = Vec::new();
-    for (namespace, name) in pods {
-        let path =
-            format!("/api/v1/namespaces/{namespace}/pods/{name}:{ADMIN_PORT}/proxy/config_dump");
-        let key = format!("{name}.{namespace}");
-        let dump = client.get(&path).await.map_err(|source| DumpError::Fetch {
-            pod: key.clone(),
-            source: Box::new(source),
-        })?;
-        out.push((key, dump));
-    }
-    Ok(out)
+    Ok(pods)
 }
 
 async fn ztunnel_pods(

@@ -25,6 +25,7 @@ mod plugin;
 mod up;
 mod vm;
 mod ztunnel;
+mod ztunnel_log;
 
 #[derive(Debug, Parser)]
 #[command(name = "ambit", version, about = "Istio ambient-mode node data plane")]
@@ -96,7 +97,7 @@ enum Command {
     /// ztunnel-config`: of the embedded mesh, of a cluster (through the API server's pod
     /// proxy), or of a saved dump.
     #[command(
-        after_help = "Examples:\n  sudo ambit ztunnel-config workloads\n  sudo ambit ztunnel-config certificates --node node1\n  sudo ambit ztunnel-config services -o json\n  ambit ztunnel-config workloads ztunnel-x7k2p.istio-system --workload-namespace demo\n  ambit ztunnel-config all --kubernetes --node worker-1 -o yaml\n  ambit ztunnel-config connections --file dump.json --direction inbound"
+        after_help = "Examples:\n  sudo ambit ztunnel-config workloads\n  sudo ambit ztunnel-config certificates --node node1\n  sudo ambit ztunnel-config services -o json\n  ambit ztunnel-config workloads ztunnel-x7k2p.istio-system --workload-namespace demo\n  ambit ztunnel-config all --kubernetes --node worker-1 -o yaml\n  ambit ztunnel-config connections --file dump.json --direction inbound\n  sudo ambit ztunnel-config log --node node1 --level access:debug\n  ambit ztunnel-config log ztunnel-x7k2p.istio-system -r"
     )]
     ZtunnelConfig(ops::ZtunnelConfigArgs),
     /// Run a node's ztunnel or CNI agent again (same command and environment) and wait until

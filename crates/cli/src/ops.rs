@@ -25,6 +25,8 @@ pub enum ConfigSection {
     Connections,
     /// Every section (`-o json|yaml`: the whole `/config_dump`).
     All,
+    /// The log levels (admin `/logging`), changed with `--level` or `--reset`.
+    Log,
 }
 
 impl ConfigSection {
@@ -43,6 +45,7 @@ impl ConfigSection {
                 Section::Certificates,
                 Section::Connections,
             ],
+            ConfigSection::Log => Vec::new(),
         }
     }
 }
@@ -93,6 +96,13 @@ pub struct ZtunnelConfigArgs {
     /// keyed by node.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     output: ConfigOutput,
+    /// `log`: set levels, `LEVEL` or `SCOPE:LEVEL,...` (trace, debug, info, warning, error,
+    /// critical, off).
+    #[arg(long, conflicts_with = "reset")]
+    level: Option<String>,
+    /// `log`: back to the start-up level.
+    #[arg(short = 'r', long)]
+    reset: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -206,44 +216,105 @@ pub fn logs(args: LogsArgs) -> ExitCode {
     }
 }
 
+/// `error: cause: cause …`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The cluster client, the ztunnels `args` select on it, and a runtime to ask them with.
+fn cluster(
+    args: &ZtunnelConfigArgs,
+) -> Result<
+    (
+        ambit_kubeapi::Client,
+        crate::config_dumps::Target,
+        tokio::runtime::Runtime,
+    ),
+    String,
+> {
+    use crate::config_dumps::Target;
+    let target = match (&args.pod, &args.node) {
+        (Some(p), _) => Target::pod(p, &args.ztunnel_namespace),
+        (None, Some(n)) => Target::Node(n.clone()),
+        (None, None) => Target::All,
+    };
+    let config = crate::kube_config()
+        .map_err(|e| format!("Kubernetes API configuration: {}", error_chain(&e)))?;
+    let client = ambit_kubeapi::Client::new(config).map_err(|e| error_chain(&e))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    Ok((client, target, rt))
+}
+
 /// The dumps `args` select: a file, a cluster's ztunnels, or the embedded mesh's.
 fn config_dumps(args: &ZtunnelConfigArgs) -> Result<Vec<(String, serde_json::Value)>, String> {
-    use crate::config_dumps::{Target, from_cluster, from_file};
-    let chain = |e: &dyn std::error::Error| {
-        let mut out = e.to_string();
-        let mut source = e.source();
-        while let Some(s) = source {
-            out.push_str(": ");
-            out.push_str(&s.to_string());
-            source = s.source();
-        }
-        out
-    };
+    use crate::config_dumps::{from_cluster, from_file};
     if let Some(file) = &args.file {
-        return from_file(file).map_err(|e| chain(&e));
+        return from_file(file).map_err(|e| error_chain(&e));
     }
     if args.kubernetes || args.pod.is_some() {
-        let target = match (&args.pod, &args.node) {
-            (Some(p), _) => Target::pod(p, &args.ztunnel_namespace),
-            (None, Some(n)) => Target::Node(n.clone()),
-            (None, None) => Target::All,
-        };
-        let config = crate::kube_config()
-            .map_err(|e| format!("Kubernetes API configuration: {}", chain(&e)))?;
-        let client = ambit_kubeapi::Client::new(config).map_err(|e| chain(&e))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("runtime: {e}"))?;
+        let (client, target, rt) = cluster(args)?;
         return rt
             .block_on(from_cluster(&client, &target, &args.ztunnel_namespace))
-            .map_err(|e| chain(&e));
+            .map_err(|e| error_chain(&e));
     }
     let run = RunDir::new(&args.run.run_dir);
     ambit_mesh::ztunnel_config::dumps(&run, args.node.as_deref()).map_err(|e| e.to_string())
 }
 
+/// `ztunnel-config log`: POST `/logging` on the selected ztunnels.
+fn ztunnel_log(args: &ZtunnelConfigArgs) -> Result<String, String> {
+    use crate::ztunnel_log::{logging_query, query_string, render};
+    if args.file.is_some() {
+        return Err("log: --file is not applicable (a saved dump has no log levels)".into());
+    }
+    if !matches!(args.output, ConfigOutput::Table) {
+        return Err("log: --output is not applicable".into());
+    }
+    let query = logging_query(args.level.as_deref(), args.reset).map_err(|e| e.to_string())?;
+    let answers = if args.kubernetes || args.pod.is_some() {
+        let (client, target, rt) = cluster(args)?;
+        rt.block_on(crate::config_dumps::logging_on_cluster(
+            &client,
+            &target,
+            &args.ztunnel_namespace,
+            &query,
+        ))
+        .map_err(|e| error_chain(&e))?
+    } else {
+        let run = RunDir::new(&args.run.run_dir);
+        ambit_mesh::ztunnel_config::logging(&run, args.node.as_deref(), &query_string(&query))
+            .map_err(|e| e.to_string())?
+    };
+    Ok(render(&answers))
+}
+
 pub fn ztunnel_config(args: ZtunnelConfigArgs) -> ExitCode {
+    if !matches!(args.section, ConfigSection::Log) && (args.level.is_some() || args.reset) {
+        eprintln!("ambit ztunnel-config: --level and --reset belong to the log view");
+        return ExitCode::FAILURE;
+    }
+    if matches!(args.section, ConfigSection::Log) {
+        return match ztunnel_log(&args) {
+            Ok(text) => {
+                say(text.trim_end());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("ambit ztunnel-config: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut dumps = match config_dumps(&args) {
         Ok(d) => d,
         Err(e) => {

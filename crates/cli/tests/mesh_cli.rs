@@ -155,6 +155,22 @@ fn logs_ztunnel_config_restart() {
             .status
             .success()
     );
+    // `log`: a real ztunnel's /logging, read, changed with istioctl's names, reset.
+    // (arguments, answer)
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--level", "access:warning"],
+            "node1:\ncurrent log level is info,access=warn",
+        ),
+        (&[], "node1:\ncurrent log level is info,access=warn"),
+        (&["-r"], "node1:\ncurrent log level is info"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["ztunnel-config", "log", "--node", "node1"];
+        args.extend_from_slice(extra);
+        let text = stdout(&ambit(&run, &args));
+        assert_eq!(text.trim_end(), want, "{args:?}");
+    }
     // `-o yaml` of the whole dump is what istioctl's types accept; times are RFC 3339.
     let out = ambit(
         &run,

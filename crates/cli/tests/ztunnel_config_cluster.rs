@@ -81,6 +81,13 @@ async fn cluster_ztunnels_through_the_pod_proxy() {
             "config_dump",
             &dump().to_string(),
         );
+        server.pod_proxy(
+            "istio-system",
+            name,
+            15000,
+            "logging",
+            "current log level is info\n",
+        );
     }
     server.apply(
         "/api/v1/pods",
@@ -183,4 +190,104 @@ async fn cluster_ztunnels_through_the_pod_proxy() {
     let v: Value = serde_json::from_str(&out).expect("json");
     assert!(v["u1"]["connections"].get("inbound").is_none(), "{v}");
     assert!(v["u1"]["connections"]["outbound"].is_array(), "{v}");
+}
+
+/// `ztunnel-config log`: POST `/logging` through the pod proxy, with istioctl's level names
+/// translated to ztunnel's, answers under each ztunnel's name; bad levels are refused before
+/// any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_levels_through_the_pod_proxy() {
+    let server = FakeApiServer::start().await.expect("fake server");
+    for (name, node) in [("ztunnel-a", "n1"), ("ztunnel-b", "n2")] {
+        server.apply(
+            "/api/v1/pods",
+            json!({"metadata": {"name": name, "namespace": "istio-system",
+                                "labels": {"app": "ztunnel"}},
+                   "spec": {"nodeName": node}}),
+        );
+        server.pod_proxy(
+            "istio-system",
+            name,
+            15000,
+            "logging",
+            "current log level is warn\n",
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster: {{server: \"{}\"}}\ncontexts:\n- name: c\n  context: {{cluster: k}}\nusers: []\n",
+            server.url()
+        ),
+    )
+    .expect("kubeconfig");
+    let logging = |pod: &str| {
+        server
+            .requests()
+            .into_iter()
+            .filter(|r| {
+                r.path == format!("/api/v1/namespaces/istio-system/pods/{pod}:15000/proxy/logging")
+            })
+            .map(|r| (r.method, r.query))
+            .collect::<Vec<_>>()
+    };
+
+    // (arguments, query sent to ztunnel-a)
+    let cases: [(&[&str], &str); 3] = [
+        (&["log", "ztunnel-a"], ""),
+        (
+            &["log", "ztunnel-a", "--level", "access:warning,info"],
+            "level=access%3Awarn%2Cinfo",
+        ),
+        (&["log", "ztunnel-a.istio-system", "-r"], "reset="),
+    ];
+    for (args, query) in cases {
+        let out = stdout(&run(&kubeconfig, args));
+        assert_eq!(
+            out, "ztunnel-a.istio-system:\ncurrent log level is warn\n",
+            "{args:?}"
+        );
+        let sent = logging("ztunnel-a");
+        let last = sent.last().expect("a request");
+        assert_eq!(last.0, "POST", "{args:?}");
+        assert_eq!(last.1, query, "{args:?}");
+    }
+
+    // Every ztunnel of the cluster, each under its name.
+    let out = stdout(&run(
+        &kubeconfig,
+        &["log", "--kubernetes", "--level", "debug"],
+    ));
+    assert_eq!(
+        out,
+        "ztunnel-a.istio-system:\ncurrent log level is warn\n\
+         ztunnel-b.istio-system:\ncurrent log level is warn\n"
+    );
+
+    // Refused before any request: a level istioctl does not know, --level with --reset, and
+    // --level outside the log view.
+    let before = server.requests().len();
+    let refused: [(&[&str], &str); 3] = [
+        (
+            &["log", "ztunnel-a", "--level", "loud"],
+            "unrecognized logging level \"loud\"",
+        ),
+        (
+            &["log", "ztunnel-a", "--level", "info", "-r"],
+            "cannot be used with",
+        ),
+        (
+            &["workloads", "ztunnel-a", "--level", "info"],
+            "belong to the log view",
+        ),
+    ];
+    for (args, says) in refused {
+        let out = run(&kubeconfig, args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(server.requests().len(), before, "nothing was sent");
 }

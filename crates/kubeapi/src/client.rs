@@ -397,6 +397,19 @@ impl Client {
         })
     }
 
+    /// `POST path?query` without a body, answered with anything (an action through the pod
+    /// proxy, e.g. ztunnel's `/logging`); the answer's bytes.
+    pub async fn post_action(
+        &self,
+        path: &str,
+        query: &[(&'static str, &str)],
+    ) -> Result<Vec<u8>, Error> {
+        let q = query
+            .iter()
+            .fold(Query::new(), |q, (key, value)| q.add(key, value));
+        Ok(self.call(Method::POST, path, &q, None).await?.to_vec())
+    }
+
     /// `GET path?watch=true&resourceVersion=…`: the events after `resource_version`, with
     /// bookmarks, until the server ends the stream (after [`Limits::watch_timeout`]).
     pub async fn watch(

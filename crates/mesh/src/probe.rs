@@ -18,11 +18,31 @@ pub fn connect_in(netns: &Path, addr: SocketAddr, timeout: Duration) -> std::io:
 
 /// `GET path` over HTTP/1.0 from inside `netns`; `(status, body)` or `None` if unreachable.
 pub fn http_get(netns: &Path, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    http_request(netns, addr, "GET", path)
+}
+
+/// `METHOD path` (no body) over HTTP/1.0 from inside `netns`; `(status, body)` or `None` if
+/// unreachable.
+pub fn http_request(
+    netns: &Path,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+) -> Option<(u16, String)> {
     let timeout = Duration::from_secs(2);
     let mut s = connect_in(netns, addr, timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
     s.set_write_timeout(Some(timeout)).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let length = if method == "GET" {
+        ""
+    } else {
+        "Content-Length: 0\r\n"
+    };
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: localhost\r\n{length}\r\n"
+    )
+    .ok()?;
     let mut resp = Vec::new();
     s.take(16 << 20).read_to_end(&mut resp).ok()?;
     let resp = String::from_utf8_lossy(&resp);

@@ -45,31 +45,44 @@ impl Section {
     }
 }
 
-/// The `/config_dump` of the ztunnel on `node`, or of every node's (in node order).
-pub fn dumps(run: &RunDir, node: Option<&str>) -> Result<Vec<(String, Value)>, ConfigError> {
+/// The nodes `node` selects (every node when `None`), in node order.
+fn select_nodes(
+    run: &RunDir,
+    node: Option<&str>,
+) -> Result<Vec<crate::state::NodeState>, ConfigError> {
     let state = run
         .load()?
         .ok_or_else(|| ConfigError::NoMesh(run.root().to_path_buf()))?;
-    let nodes: Vec<_> = match node {
-        Some(n) => {
-            let found: Vec<_> = state.nodes.iter().filter(|x| x.name == n).collect();
-            if found.is_empty() {
-                return Err(ConfigError::UnknownNode {
-                    node: n.to_owned(),
-                    known: state
-                        .nodes
-                        .iter()
-                        .map(|x| x.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                });
-            }
-            found
-        }
-        None => state.nodes.iter().collect(),
+    let Some(n) = node else {
+        return Ok(state.nodes);
     };
+    let known = || {
+        state
+            .nodes
+            .iter()
+            .map(|x| x.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let found: Vec<_> = state
+        .nodes
+        .iter()
+        .filter(|x| x.name == n)
+        .cloned()
+        .collect();
+    if found.is_empty() {
+        return Err(ConfigError::UnknownNode {
+            node: n.to_owned(),
+            known: known(),
+        });
+    }
+    Ok(found)
+}
+
+/// The `/config_dump` of the ztunnel on `node`, or of every node's (in node order).
+pub fn dumps(run: &RunDir, node: Option<&str>) -> Result<Vec<(String, Value)>, ConfigError> {
     let admin = SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_ADMIN));
-    nodes
+    select_nodes(run, node)?
         .into_iter()
         .map(|n| {
             let fail = |why: String| ConfigError::Fetch {
@@ -83,6 +96,36 @@ pub fn dumps(run: &RunDir, node: Option<&str>) -> Result<Vec<(String, Value)>, C
             }
             let v = serde_json::from_str(&body).map_err(|e| fail(format!("bad JSON: {e}")))?;
             Ok((n.name.clone(), v))
+        })
+        .collect()
+}
+
+/// `POST /logging?query` (`query` already encoded, may be empty) on the ztunnel of `node`,
+/// or of every node; the answers by node. A refusal (400) is an error with its text.
+pub fn logging(
+    run: &RunDir,
+    node: Option<&str>,
+    query: &str,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    let admin = SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_ADMIN));
+    let path = if query.is_empty() {
+        "/logging".to_string()
+    } else {
+        format!("/logging?{query}")
+    };
+    select_nodes(run, node)?
+        .into_iter()
+        .map(|n| {
+            let fail = |why: String| ConfigError::Fetch {
+                node: n.name.clone(),
+                why,
+            };
+            let (code, body) = crate::probe::http_request(n.ztunnel_netns(), admin, "POST", &path)
+                .ok_or_else(|| fail(format!("admin port {admin} unreachable")))?;
+            if code != 200 {
+                return Err(fail(format!("{path} answered {code}: {}", body.trim_end())));
+            }
+            Ok((n.name.clone(), body))
         })
         .collect()
 }
