@@ -279,3 +279,110 @@ async fn unknown_namespace_holds_then_fails_the_add() {
 
     agent.shutdown().await;
 }
+
+/// p1's conntrack line for the flow from local port `sport` to `dst`:8080, if any.
+fn conntrack_line(topo: &Topology, sport: u16, dst: IpAddr) -> Option<String> {
+    let out = topo.exec("p1", &["cat", "/proc/net/nf_conntrack"]).unwrap();
+    let needle = format!("dst={dst} sport={sport} dport=8080 ");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.contains(&needle))
+        .map(str::to_owned)
+}
+
+/// Issue 12: a flow opened while a pod's nat rules were flushed keeps bypassing after the
+/// repair unless its conntrack entry goes with the repair; the next packet on that tuple
+/// must then be redirected to ztunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_deletes_conntrack_entries_that_bypassed() {
+    if !netns_capable_or_skip("repair_deletes_conntrack_entries_that_bypassed") {
+        return;
+    }
+    let topo = Topology::builder()
+        .node("n")
+        .pod("n", "p1")
+        .pod("n", "p2")
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let zds_sock = dir.path().join("zt").join("ztunnel.sock");
+    let host = topo.node("n").netns().path();
+    let vars: Vec<(String, String)> = [
+        ("ZTUNNEL_UDS_ADDRESS", zds_sock.display().to_string()),
+        ("CNI_AGENT_RUN_DIR", run_dir.display().to_string()),
+        ("AMBIT_HOST_NETNS", host.display().to_string()),
+        ("AMBIT_HEALTH_ADDR", "127.0.0.1:0".into()),
+        ("AMBIT_METRICS_ADDR", "127.0.0.1:0".into()),
+        // Long enough that the plaintext connection is made before the repair.
+        ("AMBIT_VERIFY_INTERVAL", "2s".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let cfg = AgentConfig::from_vars(&vars).unwrap();
+    let source = LocalPodSource::new();
+    source.upsert_namespace(Namespace {
+        name: "demo".into(),
+        labels: BTreeMap::from([(MODE.to_string(), "ambient".to_string())]),
+    });
+    let ip = |p: &str| IpAddr::V4(topo.pod(p).ip());
+    let agent = ambit_agent::start(cfg, source.clone()).await.unwrap();
+    let _zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
+    source.upsert_pod(pod("p1", ip("p1"), None));
+    let (code, out) = cni_add(&run_dir, &topo.pod("p1").netns_path(), "p1", ip("p1"));
+    assert_eq!(code, 0, "{out}");
+
+    // p2 is not enrolled: a plain server.
+    let p2_ns = ambit_netns::NetnsFd::open(topo.pod("p2").netns_path()).unwrap();
+    let p1_ns = ambit_netns::NetnsFd::open(topo.pod("p1").netns_path()).unwrap();
+    let p2 = ip("p2");
+    let listener =
+        ambit_netns::run_in_netns_thread(&p2_ns, || std::net::TcpListener::bind((p2, 8080)))
+            .unwrap()
+            .unwrap();
+
+    // Rules flushed; the app connects in plaintext before the agent's next pass.
+    let flushed = topo.exec("p1", &["iptables", "-t", "nat", "-F"]).unwrap();
+    assert!(flushed.status.success());
+    let mut stream = ambit_netns::run_in_netns_thread(&p1_ns, || {
+        std::net::TcpStream::connect_timeout(&(p2, 8080).into(), Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap();
+    let (served, _) = listener.accept().unwrap();
+    let sport = stream.local_addr().unwrap().port();
+    let before = conntrack_line(&topo, sport, p2).expect("entry of the plaintext flow");
+    assert!(!before.contains("sport=15001"), "{before}");
+
+    // The agent repairs the rules, and the plaintext flow's entry goes with the repair.
+    eventually("p1's nat rules repaired", WAIT, || {
+        agent.metrics.repairs.get() >= 1 && save_nat(&topo, "p1").contains("--to-ports 15001")
+    })
+    .await;
+    eventually(
+        "the plaintext flow's conntrack entry is gone after the repair",
+        WAIT,
+        || conntrack_line(&topo, sport, p2).is_none(),
+    )
+    .await;
+
+    // The next packet on the same tuple is redirected to ztunnel's outbound listener,
+    // which has no such connection and resets it; the server never sees the bytes (a
+    // packet still bypassing would reach the server, which answers, never resets).
+    use std::io::{Read, Write};
+    stream.write_all(b"after").unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = [0u8; 8];
+    let read = stream.read(&mut buf);
+    assert!(
+        matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "still connected to the server: {read:?}"
+    );
+    served.set_nonblocking(true).unwrap();
+    let got = (&served).read(&mut buf);
+    assert!(
+        matches!(&got, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the server got bytes after the repair: {got:?}"
+    );
+}

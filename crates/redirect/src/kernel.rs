@@ -12,6 +12,7 @@
 //! error makes the caller fall back to the rule tools, so it can cost time, never
 //! strictness.
 
+pub(crate) mod conntrack;
 pub(crate) mod nft;
 pub(crate) mod rtnl;
 mod socket;

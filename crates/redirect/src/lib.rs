@@ -40,6 +40,7 @@ pub mod vm;
 pub use apply::{ApplyError, ApplyOutcome, Finding, Location, VerifyReport};
 pub use config::{Backend, ConfigError, Family, HostRulesConfig, IfaceName, PodRedirectConfig};
 pub use host::HostRules;
+pub use kernel::KernelError;
 pub use pod::{InPod, VerifyMemo};
 pub use probe_set::{ProbeSet, ProbeSetError};
 pub use runner::{

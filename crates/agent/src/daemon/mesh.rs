@@ -414,6 +414,9 @@ impl<S: PodSource> Core<S> {
                 tracing::warn!(pod = %slot.pod.name, error = %e, "re-applying rules failed");
             }
             rules_ok = rules_present(&slot.inpod, &slot.netns, &slot.memo).await;
+            if rules_ok {
+                flush_bypassed(slot).await;
+            }
         }
         let mut listening = !slot.acked || listening(&slot.netns).await;
         if !listening && self.zds.connected() > 0 {
@@ -431,6 +434,27 @@ impl<S: PodSource> Core<S> {
         // A pending pod (never acked) is failing closed, not bypassing; it is counted
         // only when its rules are missing.
         rules_ok && listening
+    }
+}
+
+/// Deletes the conntrack entries the pod's flows made while its rules were missing (they
+/// would keep their tuples unredirected; see [`InPod::flush_bypassed_conntrack`]).
+async fn flush_bypassed(slot: &Slot) {
+    let (inpod, netns) = (slot.inpod.clone(), slot.netns.clone());
+    match blocking(move || {
+        inpod
+            .flush_bypassed_conntrack(&netns)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::warn!(pod = %slot.pod.name, entries = n, "deleted conntrack entries that bypassed the missing rules")
+        }
+        Err(e) => {
+            tracing::warn!(pod = %slot.pod.name, error = %e, "deleting bypassing conntrack entries failed")
+        }
     }
 }
 

@@ -53,7 +53,20 @@ impl Netlink {
     where
         T: NetlinkSerializable + NetlinkDeserializable + Debug,
     {
-        self.request(what, msg, NLM_F_DUMP)
+        self.request(what, msg, NLM_F_DUMP, MAX_MESSAGES)
+    }
+
+    /// [`Self::dump`] with its own bound on the number of replies.
+    pub(crate) fn dump_max<T>(
+        &mut self,
+        what: &'static str,
+        msg: T,
+        limit: usize,
+    ) -> Result<Vec<T>, KernelError>
+    where
+        T: NetlinkSerializable + NetlinkDeserializable + Debug,
+    {
+        self.request(what, msg, NLM_F_DUMP, limit)
     }
 
     /// Sends `msg` with an ack request and returns the replies before the ack.
@@ -61,10 +74,16 @@ impl Netlink {
     where
         T: NetlinkSerializable + NetlinkDeserializable + Debug,
     {
-        self.request(what, msg, NLM_F_ACK)
+        self.request(what, msg, NLM_F_ACK, MAX_MESSAGES)
     }
 
-    fn request<T>(&mut self, what: &'static str, msg: T, flags: u16) -> Result<Vec<T>, KernelError>
+    fn request<T>(
+        &mut self,
+        what: &'static str,
+        msg: T,
+        flags: u16,
+        limit: usize,
+    ) -> Result<Vec<T>, KernelError>
     where
         T: NetlinkSerializable + NetlinkDeserializable + Debug,
     {
@@ -118,11 +137,8 @@ impl Netlink {
                         };
                     }
                     NetlinkPayload::InnerMessage(m) => {
-                        if replies.len() == MAX_MESSAGES {
-                            return Err(KernelError::TooLarge {
-                                what,
-                                limit: MAX_MESSAGES,
-                            });
+                        if replies.len() == limit {
+                            return Err(KernelError::TooLarge { what, limit });
                         }
                         replies.push(m);
                     }

@@ -83,6 +83,21 @@ struct Snapshot {
 }
 
 impl InPod {
+    /// After a repair: deletes the conntrack entries in `netns` of flows that went around
+    /// the rules while they were missing, so they cannot keep bypassing (which entries:
+    /// the `kernel::conntrack` module docs); the number deleted. Ingress mode leaves
+    /// inbound traffic unredirected by design and is not cleaned.
+    pub fn flush_bypassed_conntrack(&self, netns: &NetnsFd) -> Result<usize, KernelError> {
+        if self.config.ingress_mode {
+            return Ok(0);
+        }
+        let snat = [
+            std::net::IpAddr::V4(self.config.probe_snat_v4),
+            std::net::IpAddr::V6(self.config.probe_snat_v6),
+        ];
+        kernel::read_in(netns, || kernel::conntrack::flush_bypassed(&snat))
+    }
+
     /// [`Self::verify`] with in-process reads: same findings, in the same order; rule
     /// tools run only for an iptables family whose ruleset changed since `memo` last saw
     /// them judge it (see the module docs). `runner` must run in `netns`.
