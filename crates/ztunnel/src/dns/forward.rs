@@ -17,10 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_netns::{SocketFactory, SocketOptions, connect_tcp};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::time::{Instant, timeout_at};
 
-use super::message::{is_response, is_truncated, read_id, set_id};
+use super::message::{
+    MAX_MESSAGE, is_response, is_truncated, read_id, read_tcp_message, set_id, tcp_frame,
+};
 use super::{DnsError, REQUEST_TIMEOUT, Transport};
 
 /// The port nameservers listen on (resolv.conf has no port syntax).
@@ -29,7 +31,6 @@ const NAMESERVER_PORT: u16 = 53;
 /// Upstream UDP answers are read into a buffer at least this big: the upstream server sizes
 /// its answer by the EDNS size we relay from the client, and never beyond 64 KiB.
 const MIN_UDP_RECV: usize = 4096;
-const MAX_MESSAGE: usize = 65535;
 
 /// Upstream nameservers, tried in order within one overall deadline per query.
 #[derive(Debug, Clone)]
@@ -229,19 +230,13 @@ async fn tcp_exchange(
         transport: Transport::Tcp,
         source,
     };
-    let len =
-        u16::try_from(query.len()).map_err(|_| DnsError::QueryTooLarge { len: query.len() })?;
+    let framed = tcp_frame(query).ok_or(DnsError::QueryTooLarge { len: query.len() })?;
     let mut stream = connect_tcp(factory, server, None, &upstream_opts(true))
         .await
         .map_err(|source| DnsError::UpstreamSocket { server, source })?;
-    let mut framed = Vec::with_capacity(query.len() + 2);
-    framed.extend_from_slice(&len.to_be_bytes());
-    framed.extend_from_slice(query);
     stream.write_all(&framed).await.map_err(io_err)?;
     loop {
-        let len = stream.read_u16().await.map_err(io_err)?;
-        let mut answer = vec![0u8; usize::from(len)];
-        stream.read_exact(&mut answer).await.map_err(io_err)?;
+        let answer = read_tcp_message(&mut stream).await.map_err(io_err)?;
         // Our connection carries one query; anything else is skipped until the deadline.
         if read_id(&answer) == Some(id) && is_response(&answer) {
             return Ok(answer);

@@ -3,18 +3,23 @@
 //! `hickory-proto`; forwarded packets are never re-encoded, so what we do not understand
 //! still reaches the upstream server byte for byte.
 
+use std::io;
 use std::net::IpAddr;
 
 use hickory_proto::op::{Edns, Header, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, CNAME};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::LOCAL_TTL;
 use super::resolve::{Family, LocalAnswer};
 
 /// Length of the fixed DNS header.
 pub const HEADER_LEN: usize = 12;
+
+/// The largest DNS message (UDP datagram payload or TCP frame).
+pub const MAX_MESSAGE: usize = 65535;
 
 /// The classic UDP payload limit for clients that do not send EDNS.
 pub const MIN_UDP_PAYLOAD: usize = 512;
@@ -186,6 +191,26 @@ fn bare_error(id: u16, op: OpCode, code: ResponseCode) -> Vec<u8> {
     out[2] = 0x80 | ((u8::from(op) & 0x0f) << 3);
     out[3] = 0x80 | (u16::from(code) & 0x0f) as u8;
     out
+}
+
+/// Reads one DNS-over-TCP message (RFC 1035 §4.2.2): a two-byte big-endian length, then
+/// that many bytes. Any error (the peer closing before or inside a message included) ends
+/// the connection; the caller puts the deadline on it.
+pub async fn read_tcp_message<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Vec<u8>> {
+    let len = usize::from(r.read_u16().await?);
+    let mut raw = vec![0u8; len];
+    r.read_exact(&mut raw).await?;
+    Ok(raw)
+}
+
+/// `message` with its two-byte length prefix for TCP; `None` when it is longer than a
+/// length can say ([`MAX_MESSAGE`]).
+pub fn tcp_frame(message: &[u8]) -> Option<Vec<u8>> {
+    let len = u16::try_from(message.len()).ok()?;
+    let mut framed = Vec::with_capacity(message.len() + 2);
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(message);
+    Some(framed)
 }
 
 /// The id of a raw message, if it has a header.
@@ -382,5 +407,47 @@ mod tests {
         raw[2] |= 0x82;
         assert!(is_response(&raw) && is_truncated(&raw));
         assert_eq!(read_id(&raw[..3]), None);
+    }
+
+    /// TCP framing: what a stream of bytes yields, message by message, until the first error.
+    #[tokio::test]
+    async fn tcp_messages_table() {
+        // (case, bytes of the stream, the messages read before the first error)
+        type Case = (&'static str, &'static [u8], &'static [&'static [u8]]);
+        let cases: &[Case] = &[
+            ("empty stream", b"", &[]),
+            ("half a length", b"\x00", &[]),
+            ("empty message", b"\x00\x00", &[b""]),
+            ("two messages", b"\x00\x01a\x00\x02bc", &[b"a", b"bc"]),
+            ("body shorter than its length", b"\x00\x03ab", &[]),
+            (
+                "a message, then a cut one",
+                b"\x00\x01a\x00\x05abc",
+                &[b"a"],
+            ),
+        ];
+        for (name, stream, want) in cases {
+            let mut r: &[u8] = stream;
+            let mut got = Vec::new();
+            while let Ok(m) = read_tcp_message(&mut r).await {
+                got.push(m);
+            }
+            assert_eq!(
+                got,
+                want.iter().map(|m| m.to_vec()).collect::<Vec<_>>(),
+                "{name}"
+            );
+        }
+        let framed = tcp_frame(b"abc").unwrap();
+        assert_eq!(framed, b"\x00\x03abc");
+        assert_eq!(
+            read_tcp_message(&mut framed.as_slice()).await.unwrap(),
+            b"abc"
+        );
+        assert_eq!(
+            tcp_frame(&vec![0; MAX_MESSAGE]).map(|f| f.len()),
+            Some(MAX_MESSAGE + 2)
+        );
+        assert_eq!(tcp_frame(&vec![0; MAX_MESSAGE + 1]), None);
     }
 }

@@ -14,17 +14,16 @@ use std::time::Duration;
 
 use ambit_netns::{SocketFactory, SocketOptions};
 use hickory_proto::op::ResponseCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 
-use super::message::{Action, Classified, Request, classify};
+use super::message::{
+    Action, Classified, MAX_MESSAGE, Request, classify, read_tcp_message, tcp_frame,
+};
 use super::resolve::resolve;
 use super::{DnsContext, DnsError, DnsRequest, REQUEST_TIMEOUT, Transport};
-
-/// The largest DNS message (UDP datagram payload or TCP frame).
-const MAX_MESSAGE: usize = 65535;
 
 /// Queries in flight per UDP socket before new ones are answered SERVFAIL right away: a pod
 /// flooding unanswerable names must not pile up unbounded upstream sockets.
@@ -241,37 +240,28 @@ async fn tcp_loop(
     while conns.join_next().await.is_some() {}
 }
 
-/// Serves length-prefixed messages in order until the client closes, idles for
-/// [`REQUEST_TIMEOUT`], sends something unanswerable, or the server drains.
+/// Serves length-prefixed messages in order until the client closes, takes longer than
+/// [`REQUEST_TIMEOUT`] to send a message (idle time before it included), sends something
+/// unanswerable, or the server drains.
 async fn tcp_connection(
     mut stream: tokio::net::TcpStream,
     ctx: Arc<DnsContext>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        let len = tokio::select! {
+        let raw = tokio::select! {
             _ = stopped(&mut stop) => return,
-            len = timeout(REQUEST_TIMEOUT, stream.read_u16()) => match len {
-                Ok(Ok(len)) => usize::from(len),
+            raw = timeout(REQUEST_TIMEOUT, read_tcp_message(&mut stream)) => match raw {
+                Ok(Ok(raw)) => raw,
                 _ => return,
             },
         };
-        let mut raw = vec![0u8; len];
-        if !matches!(
-            timeout(REQUEST_TIMEOUT, stream.read_exact(&mut raw)).await,
-            Ok(Ok(_))
-        ) {
-            return;
-        }
         let Some(answer) = handle(&ctx, &raw, Transport::Tcp).await else {
             return;
         };
-        let Ok(answer_len) = u16::try_from(answer.len()) else {
+        let Some(framed) = tcp_frame(&answer) else {
             return;
         };
-        let mut framed = Vec::with_capacity(answer.len() + 2);
-        framed.extend_from_slice(&answer_len.to_be_bytes());
-        framed.extend_from_slice(&answer);
         if !matches!(
             timeout(REQUEST_TIMEOUT, stream.write_all(&framed)).await,
             Ok(Ok(()))
