@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-pub use conf::{CmdAddIp, CmdAddIpNet, CmdAddRequest, PluginConf};
+pub use conf::{CmdAddIp, CmdAddIpNet, CmdAddRequest, PluginConf, parse as parse_config};
 
 /// CNI spec versions this plugin accepts and can print results in.
 pub const SUPPORTED_VERSIONS: &[&str] = &[
@@ -164,8 +164,8 @@ fn run(env: &BTreeMap<&str, &str>, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
     }
 }
 
-/// `K8S_POD_NAME` etc. from `CNI_ARGS` (`K=V;K=V`).
-fn cni_args(raw: &str) -> Result<BTreeMap<&str, &str>, CniError> {
+/// `K8S_POD_NAME` etc. from `CNI_ARGS` (`K=V;K=V`); public as a parse entry point (fuzzing).
+pub fn cni_args(raw: &str) -> Result<BTreeMap<&str, &str>, CniError> {
     raw.split(';')
         .filter(|kv| !kv.is_empty())
         .map(|kv| {
