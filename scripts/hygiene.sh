@@ -14,11 +14,13 @@ hygiene_root_state() {
     local t
     for t in iptables-save ip6tables-save; do
         echo "## $t"
-        # Counters and timestamps change with traffic; the rules themselves must not.
-        "$t" 2>/dev/null | grep -v '^#' | sed -E 's/\[[0-9]+:[0-9]+\]//'
+        # Counters and timestamps change with traffic; the rules themselves must not. (sed,
+        # not grep: no output is not a failure under `set -o pipefail`.)
+        { "$t" 2>/dev/null || echo "($t failed)"; } | sed -E '/^#/d; s/\[[0-9]+:[0-9]+\]//'
     done
     echo "## nft"
-    nft list ruleset 2>/dev/null | sed -E 's/counter packets [0-9]+ bytes [0-9]+/counter/'
+    { nft list ruleset 2>/dev/null || echo "(nft failed)"; } \
+        | sed -E 's/counter packets [0-9]+ bytes [0-9]+/counter/'
     echo "## routes"
     ip -4 route show table all
     ip -6 route show table all | sed -E 's/ expires [0-9]+sec//'
