@@ -209,6 +209,9 @@ pub fn ztunnel_env(b: &Bundle, cp: &ControlPlane) -> Vec<(String, String)> {
     set("AUTH_TOKEN", abs(&b.token_path));
     // The VM rules let ztunnel's own sockets through by this mark.
     set("PACKET_MARK", marks::INPOD_MARK.to_string());
+    // Inbound connections to the VM's apps come from ztunnel's own address: the host has no
+    // in-pod routing that would bring replies to a spoofed peer address back to ztunnel.
+    set("ENABLE_ORIG_SRC", "false".into());
     set("CLUSTER_ID", b.cluster_id.clone());
     set("NETWORK", b.network.clone());
     if let Some(ip) = b.instance_ip {

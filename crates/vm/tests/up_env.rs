@@ -36,6 +36,7 @@ fn bundle_becomes_a_dedicated_ztunnel() {
         ("XDS_ROOT_CA", &root),
         ("AUTH_TOKEN", &token),
         ("PACKET_MARK", "1337"),
+        ("ENABLE_ORIG_SRC", "false"),
         ("TRUST_DOMAIN", "cluster.local"),
         ("CLUSTER_ID", "Kubernetes"),
         ("ISTIO_META_DNS_CAPTURE", "true"),
