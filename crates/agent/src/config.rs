@@ -9,7 +9,8 @@
 //! directly on a host), `AMBIT_HOST_NETNS` (explicit host netns path),
 //! `AMBIT_HEALTH_ADDR`, `AMBIT_METRICS_ADDR` (override `MONITORING_PORT`),
 //! `AMBIT_VERIFY_INTERVAL` (verification period, e.g. `10s`, `500ms`; `0` disables the
-//! timer), `AMBIT_KUBELET_UID` (the nft host rule's `skuid`).
+//! timer), `AMBIT_WATCH_RULES` (true: re-verify a pod as soon as its nf_tables ruleset
+//! changes; false leaves only the period), `AMBIT_KUBELET_UID` (the nft host rule's `skuid`).
 //!
 //! Installer ([`crate::installer`]; upstream names unless `AMBIT_`): `MOUNTED_CNI_NET_DIR`
 //! (default `<AMBIT_HOST_PREFIX>/etc/cni/net.d`, none without a prefix: step skipped),
@@ -82,6 +83,9 @@ pub struct AgentConfig {
     pub metrics_addr: SocketAddr,
     /// Verification period (`None`: only on ztunnel (re)connects).
     pub verify_interval: Option<Duration>,
+    /// Re-verify a pod when its namespace's nf_tables ruleset changes (netlink
+    /// notifications), not only at the next period.
+    pub watch_rules: bool,
     /// Kubelet UID for the nft host rule.
     pub kubelet_uid: u32,
     /// ZDS timeouts and limits.
@@ -274,6 +278,7 @@ impl AgentConfig {
                 Some(Duration::from_secs(10)),
                 |s| parse_duration(s).map(|d| (!d.is_zero()).then_some(d)),
             ),
+            watch_rules: v.bool("AMBIT_WATCH_RULES", true),
             kubelet_uid: v.parse("AMBIT_KUBELET_UID", 0u32, |s| {
                 s.parse::<u32>().map_err(|_| "expected a numeric uid")
             }),

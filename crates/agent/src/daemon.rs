@@ -16,6 +16,7 @@ mod mesh;
 pub mod metrics;
 pub mod plugin_log;
 mod restart;
+mod rules_watch;
 pub mod verify;
 
 use std::collections::HashMap;
@@ -97,6 +98,8 @@ pub(crate) struct Core<S> {
     server_ready: AtomicBool,
     /// The last installer pass succeeded.
     install_ready: AtomicBool,
+    /// Pods whose ruleset changed, waiting for verification (see [`rules_watch`]).
+    dirty: Arc<rules_watch::Dirty>,
 }
 
 impl<S> std::fmt::Debug for Core<S> {
@@ -316,6 +319,7 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
         ready: AtomicBool::new(false),
         server_ready: AtomicBool::new(false),
         install_ready: AtomicBool::new(false),
+        dirty: Arc::default(),
     });
 
     let mut tasks = JoinSet::new();
@@ -344,6 +348,10 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
         tasks.spawn(async move { zds.serve(zds_listener, stop).await });
     }
     tasks.spawn(verify_loop(core.clone(), stop_rx.clone()));
+    {
+        let (core, stop) = (core.clone(), stop_rx.clone());
+        tasks.spawn(async move { rules_watch::react(&*core, &core.dirty, stop).await });
+    }
     core.server_ready.store(true, Ordering::SeqCst);
     // §1.3 step 9, once the agent can serve the plugin: a first installer pass here, so
     // readiness is known when `start` returns, then the watch loop.

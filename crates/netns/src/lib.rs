@@ -48,7 +48,7 @@ pub mod testing;
 pub use command::set_command_netns;
 pub use enter::{in_netns, run_in_netns_thread, spawn_in_netns_thread};
 pub use fd::{NetnsFd, NetnsId};
-pub use seqpacket::{SeqPacket, SeqPacketError, SeqPacketListener};
+pub use seqpacket::{SeqPacket, SeqPacketError, SeqPacketListener, register_async};
 pub use socket::{
     DefaultSocketFactory, Keepalive, NetnsSocketFactory, SocketError, SocketFactory, SocketOptions,
     Transparent, connect_tcp, is_transparent, original_dst,

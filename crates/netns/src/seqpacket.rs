@@ -86,9 +86,16 @@ impl SeqPacketError {
 }
 
 fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, SeqPacketError> {
+    register_async(fd).map_err(SeqPacketError::Create)
+}
+
+/// Registers a descriptor with tokio's reactor, for readiness (the caller reads and writes
+/// through whatever owns the same open file, e.g. the socket `fd` was duplicated from).
+/// Must run inside a tokio runtime.
+pub fn register_async(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: an `OwnedFd` is a valid open descriptor that stays open and unchanged until
     // the `AsyncFd` owning it drops it, which is what `register` requires.
-    unsafe { AsyncFd::register(fd) }.map_err(|e| SeqPacketError::Create(e.into()))
+    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
 }
 
 /// A connected SEQPACKET socket. Must be created and used inside a tokio runtime.

@@ -16,6 +16,7 @@ pub(crate) mod conntrack;
 pub(crate) mod nft;
 pub(crate) mod rtnl;
 mod socket;
+pub mod watch;
 
 use ambit_netns::{NetnsError, NetnsFd, run_in_netns_thread};
 

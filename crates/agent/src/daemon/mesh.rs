@@ -9,6 +9,7 @@ use ambit_netns::NetnsFd;
 use ambit_redirect::{IfaceName, InPod, PodRedirectConfig, VerifyMemo};
 
 use super::aws_eni;
+use super::rules_watch::{self, Verifier, WatchHandle};
 use super::verify::{rules_present, ztunnel_listening};
 use super::{Core, Key};
 use crate::pods::{ENABLED, PENDING, Pod, PodSource, SourceError};
@@ -34,6 +35,8 @@ pub(crate) struct Slot {
     /// What the verification pass last learnt about this pod's rules (shared with a pass
     /// that checks from a snapshot of the table).
     pub memo: Arc<Mutex<VerifyMemo>>,
+    /// The pod's ruleset-change watcher (`None`: disabled or not available).
+    pub _watch: Option<WatchHandle>,
 }
 
 /// Failure of a mesh operation; `retryable` ones are retried by the worker.
@@ -212,6 +215,9 @@ impl<S: PodSource> Core<S> {
             return Err(MeshError::Rules(e));
         }
         let ips: Vec<IpAddr> = ips.iter().map(|ip| ip.to_canonical()).collect();
+        // The old slot's watcher (if any) stops as the slot is replaced.
+        enrolled.remove(&pod.uid);
+        let watch = self.watch_rules(&pod.uid, &netns);
         enrolled.insert(
             pod.uid.clone(),
             Slot {
@@ -221,6 +227,7 @@ impl<S: PodSource> Core<S> {
                 inpod,
                 acked: false,
                 memo: Arc::default(),
+                _watch: watch,
             },
         );
         // c. ztunnel; failure leaves the rules in place (fail closed) and marks pending.
@@ -365,12 +372,28 @@ impl<S: PodSource> Core<S> {
     /// per pod: with hundreds of pods a pass takes seconds, and CNI ADDs must not wait for
     /// it); only a pod that needs repair is re-checked and repaired under the lock.
     pub(crate) async fn verify_all(&self) {
+        let unprotected = self.verify_pods(None).await;
+        self.metrics.unprotected.set(unprotected);
+    }
+
+    /// Subscribes to the ruleset changes of an enrolled pod's netns (when enabled).
+    pub(crate) fn watch_rules(&self, uid: &str, netns: &NetnsFd) -> Option<WatchHandle> {
+        self.cfg
+            .watch_rules
+            .then(|| rules_watch::spawn(uid, netns, &self.dirty))
+            .flatten()
+    }
+
+    /// Verifies (and repairs) the enrolled pods in `only`, or all; returns how many stayed
+    /// unprotected.
+    async fn verify_pods(&self, only: Option<&[String]>) -> i64 {
         type Entry = (String, Arc<NetnsFd>, InPod, bool, Arc<Mutex<VerifyMemo>>);
         let snapshot: Vec<Entry> = self
             .enrolled
             .lock()
             .await
             .iter()
+            .filter(|(uid, _)| only.is_none_or(|o| o.contains(uid)))
             .map(|(uid, s)| {
                 let memo = s.memo.clone();
                 (uid.clone(), s.netns.clone(), s.inpod.clone(), s.acked, memo)
@@ -394,7 +417,7 @@ impl<S: PodSource> Core<S> {
                 unprotected += 1;
             }
         }
-        self.metrics.unprotected.set(unprotected);
+        unprotected
     }
 
     /// Re-checks one pod and repairs what is missing; `true` when it ends up protected.
@@ -434,6 +457,16 @@ impl<S: PodSource> Core<S> {
         // A pending pod (never acked) is failing closed, not bypassing; it is counted
         // only when its rules are missing.
         rules_ok && listening
+    }
+}
+
+impl<S: PodSource> Verifier for Core<S> {
+    async fn verify_some(&self, uids: &[String]) {
+        self.verify_pods(Some(uids)).await;
+    }
+
+    async fn verify_every(&self) {
+        self.verify_all().await;
     }
 }
 

@@ -197,6 +197,7 @@ impl<S: PodSource> Core<S> {
                 }
             }
             report.found.push(pod.uid.clone());
+            let watch = self.watch_rules(&pod.uid, &netns);
             enrolled.insert(
                 pod.uid.clone(),
                 Slot {
@@ -206,6 +207,7 @@ impl<S: PodSource> Core<S> {
                     // It was enabled, so a ztunnel acked it and (if still running) listens.
                     acked: true,
                     memo: Arc::default(),
+                    _watch: watch,
                     pod,
                 },
             );
