@@ -82,6 +82,7 @@ impl Dirty {
     }
 
     /// Whether nothing is queued.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         let q = self.lock();
         !q.all && q.order.is_empty()
@@ -183,13 +184,26 @@ pub(crate) trait Verifier {
     fn verify_every(&self) -> impl std::future::Future<Output = ()> + Send;
 }
 
-/// Takes pods off `dirty` one at a time and verifies them (see the module docs).
+/// Takes pods off `dirty` one at a time and verifies them (see the module docs). A pod
+/// verified less than [`MIN_GAP`] ago waits, without holding back the others, until its
+/// gap has passed.
 pub(crate) async fn react<V: Verifier>(v: &V, dirty: &Dirty, mut stop: watch::Receiver<bool>) {
     let mut last: HashMap<String, Instant> = HashMap::new();
+    // Pods held back by their gap, with when they are due (each at most once).
+    let mut deferred: Vec<(String, Instant)> = Vec::new();
     loop {
+        let due = deferred.iter().map(|(_, t)| *t).min();
         let next = tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
             n = dirty.next() => n,
+            _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                let i = deferred
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, (_, t))| *t)
+                    .map_or(0, |(i, _)| i);
+                Next::One(deferred.swap_remove(i).0)
+            }
         };
         match next {
             Next::All => v.verify_every().await,
@@ -197,16 +211,12 @@ pub(crate) async fn react<V: Verifier>(v: &V, dirty: &Dirty, mut stop: watch::Re
                 if let Some(at) = last.get(&uid).copied()
                     && at.elapsed() < MIN_GAP
                 {
-                    if dirty.is_empty() {
-                        tokio::select! {
-                            _ = stop.wait_for(|s| *s) => return,
-                            _ = tokio::time::sleep_until(at + MIN_GAP) => {}
-                        }
-                    } else {
-                        dirty.mark(&uid);
-                        continue;
+                    if !deferred.iter().any(|(u, _)| *u == uid) {
+                        deferred.push((uid, at + MIN_GAP));
                     }
+                    continue;
                 }
+                deferred.retain(|(u, _)| *u != uid);
                 v.verify_some(std::slice::from_ref(&uid)).await;
                 last.insert(uid, Instant::now());
                 if last.len() > MAX_QUEUED {
