@@ -1,5 +1,6 @@
 //! Kubernetes-shaped objects the control plane reads: Namespace, Pod, Service,
-//! PeerAuthentication and AuthorizationPolicy, and the multi-document YAML loader for them.
+//! PeerAuthentication, AuthorizationPolicy, WorkloadEntry and WorkloadGroup, and the
+//! multi-document YAML loader for them.
 //!
 //! The types cover only the subset of each object that translation uses. They are tolerant of
 //! every field they do not name (real manifests carry many) and strict on the fields they do:
@@ -12,6 +13,7 @@
 //! - `metadata.uid`, when absent, is a stable UUID-shaped hash of `kind/namespace/name`
 //!   ([`meta::stable_uid`]), so a file-defined object keeps its uid across reloads;
 //! - `Pod.spec.serviceAccountName` defaults to the deprecated `serviceAccount`, then `default`;
+//!   a WorkloadEntry's `spec.serviceAccount` defaults to `default`;
 //! - a Service's `clusterIP` and `clusterIPs` agree.
 
 mod load;
@@ -19,6 +21,7 @@ pub mod meta;
 pub mod pod;
 pub mod security;
 pub mod service;
+pub mod workload_entry;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,6 +31,7 @@ pub use meta::{Namespace, ObjectMeta, Timestamp};
 pub use pod::Pod;
 pub use security::{AuthorizationPolicy, PeerAuthentication};
 pub use service::Service;
+pub use workload_entry::{WorkloadEntry, WorkloadGroup};
 
 /// The kinds of object the control plane understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -37,15 +41,19 @@ pub enum Kind {
     Service,
     PeerAuthentication,
     AuthorizationPolicy,
+    WorkloadEntry,
+    WorkloadGroup,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
         Kind::PeerAuthentication,
         Kind::AuthorizationPolicy,
+        Kind::WorkloadEntry,
+        Kind::WorkloadGroup,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -55,6 +63,8 @@ impl Kind {
             Kind::Service => "Service",
             Kind::PeerAuthentication => "PeerAuthentication",
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
+            Kind::WorkloadEntry => "WorkloadEntry",
+            Kind::WorkloadGroup => "WorkloadGroup",
         }
     }
 
@@ -65,6 +75,11 @@ impl Kind {
             Kind::PeerAuthentication | Kind::AuthorizationPolicy => {
                 &["security.istio.io/v1", "security.istio.io/v1beta1"]
             }
+            Kind::WorkloadEntry | Kind::WorkloadGroup => &[
+                "networking.istio.io/v1",
+                "networking.istio.io/v1beta1",
+                "networking.istio.io/v1alpha3",
+            ],
         }
     }
 
@@ -144,7 +159,8 @@ pub enum ObjectError {
     #[error(
         "{origin}: unsupported kind {kind:?} (apiVersion {api_version:?}); supported: \
          v1 Namespace, Pod, Service; security.istio.io/v1 or v1beta1 PeerAuthentication, \
-         AuthorizationPolicy"
+         AuthorizationPolicy; networking.istio.io/v1, v1beta1 or v1alpha3 WorkloadEntry, \
+         WorkloadGroup"
     )]
     UnknownKind {
         origin: Origin,
@@ -195,6 +211,8 @@ pub enum Resource {
     Service(Service),
     PeerAuthentication(PeerAuthentication),
     AuthorizationPolicy(AuthorizationPolicy),
+    WorkloadEntry(WorkloadEntry),
+    WorkloadGroup(WorkloadGroup),
 }
 
 impl Resource {
@@ -205,6 +223,8 @@ impl Resource {
             Resource::Service(_) => Kind::Service,
             Resource::PeerAuthentication(_) => Kind::PeerAuthentication,
             Resource::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
+            Resource::WorkloadEntry(_) => Kind::WorkloadEntry,
+            Resource::WorkloadGroup(_) => Kind::WorkloadGroup,
         }
     }
 
@@ -215,6 +235,8 @@ impl Resource {
             Resource::Service(o) => &o.metadata,
             Resource::PeerAuthentication(o) => &o.metadata,
             Resource::AuthorizationPolicy(o) => &o.metadata,
+            Resource::WorkloadEntry(o) => &o.metadata,
+            Resource::WorkloadGroup(o) => &o.metadata,
         }
     }
 
@@ -225,6 +247,8 @@ impl Resource {
             Resource::Service(o) => &mut o.metadata,
             Resource::PeerAuthentication(o) => &mut o.metadata,
             Resource::AuthorizationPolicy(o) => &mut o.metadata,
+            Resource::WorkloadEntry(o) => &mut o.metadata,
+            Resource::WorkloadGroup(o) => &mut o.metadata,
         }
     }
 
@@ -257,6 +281,8 @@ pub struct ObjectSet {
     pub services: Vec<Service>,
     pub peer_authentications: Vec<PeerAuthentication>,
     pub authorization_policies: Vec<AuthorizationPolicy>,
+    pub workload_entries: Vec<WorkloadEntry>,
+    pub workload_groups: Vec<WorkloadGroup>,
     origins: BTreeMap<ObjectKey, Origin>,
 }
 
@@ -292,6 +318,8 @@ impl ObjectSet {
             Resource::Service(o) => self.services.push(o),
             Resource::PeerAuthentication(o) => self.peer_authentications.push(o),
             Resource::AuthorizationPolicy(o) => self.authorization_policies.push(o),
+            Resource::WorkloadEntry(o) => self.workload_entries.push(o),
+            Resource::WorkloadGroup(o) => self.workload_groups.push(o),
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 //!
 //! - [`workload`]: Pod → `Workload` (identity, canonical names, tunnel protocol, services,
 //!   policies);
+//! - [`workload_entry`]: WorkloadEntry → `Workload` (VMs and bare hosts);
 //! - [`service`]: Service → `Service`, and each pod's service port maps;
 //! - [`authz`]: AuthorizationPolicy → `Authorization` (scopes, L4 matches, L7 handling);
 //! - [`peer_authn`]: PeerAuthentication → the converted DENY policies of `spec/cni.md` §7.
@@ -16,6 +17,7 @@ pub mod authz;
 pub mod peer_authn;
 pub mod service;
 pub mod workload;
+pub mod workload_entry;
 
 use ambit_model::{Authorization, Service, Workload};
 
@@ -103,6 +105,9 @@ pub fn translate(cluster: &Cluster) -> Translation {
         .iter()
         .filter_map(|pod| workload::workload(cluster, pod, &policies, &peer, &mut warnings))
         .collect();
+    workloads.extend(cluster.objects.workload_entries.iter().filter_map(|entry| {
+        workload_entry::entry_workload(cluster, entry, &policies, &peer, &mut warnings)
+    }));
     workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
     Translation {
         workloads,

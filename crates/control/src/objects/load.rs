@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_norway::Value;
 
 use super::meta::{check_dns_name, stable_uid};
+use super::workload_entry::WorkloadEntrySpec;
 use super::{Kind, Object, ObjectError, Origin, Resource};
 
 /// Parses every document of `text` (named `file` in errors). Empty documents are skipped but
@@ -117,6 +118,8 @@ fn typed(kind: Kind, doc: serde_norway::Deserializer<'_>) -> Result<Resource, se
         Kind::Service => Resource::Service(Deserialize::deserialize(doc)?),
         Kind::PeerAuthentication => Resource::PeerAuthentication(Deserialize::deserialize(doc)?),
         Kind::AuthorizationPolicy => Resource::AuthorizationPolicy(Deserialize::deserialize(doc)?),
+        Kind::WorkloadEntry => Resource::WorkloadEntry(Deserialize::deserialize(doc)?),
+        Kind::WorkloadGroup => Resource::WorkloadGroup(Deserialize::deserialize(doc)?),
     })
 }
 
@@ -168,6 +171,13 @@ fn normalise(mut object: Object) -> Result<Object, ObjectError> {
             check_dns_name(&spec.service_account_name, 253, true)
                 .map_err(|r| invalid(&name, "spec.serviceAccountName", r))?;
         }
+        Resource::WorkloadEntry(we) => {
+            check_entry_spec(&mut we.spec, "spec").map_err(|(f, r)| invalid(&name, &f, r))?;
+        }
+        Resource::WorkloadGroup(wg) => {
+            let template = &mut wg.spec.template;
+            check_entry_spec(template, "spec.template").map_err(|(f, r)| invalid(&name, &f, r))?;
+        }
         Resource::Service(svc) => {
             if let Some(reason) = svc.cluster_ip_conflict() {
                 return Err(invalid(&name, "spec.clusterIPs", reason));
@@ -176,6 +186,30 @@ fn normalise(mut object: Object) -> Result<Object, ObjectError> {
         _ => {}
     }
     Ok(object)
+}
+
+/// Defaults and checks of a WorkloadEntry spec (or a group's template): the service account
+/// defaults to `default` and is a Kubernetes name; an address that is not an IP is kept (DNS
+/// entries exist) but must not be blank or carry spaces. Returns the field path and reason.
+fn check_entry_spec(spec: &mut WorkloadEntrySpec, at: &str) -> Result<(), (String, String)> {
+    if spec.service_account.is_empty() {
+        spec.service_account = "default".to_string();
+    }
+    check_dns_name(&spec.service_account, 253, true)
+        .map_err(|r| (format!("{at}.serviceAccount"), r))?;
+    if spec.address.chars().any(char::is_whitespace) {
+        return Err((
+            format!("{at}.address"),
+            format!("{:?} is not an IP address or host name", spec.address),
+        ));
+    }
+    if let Some((name, _)) = spec.ports.iter().find(|(_, p)| **p == 0) {
+        return Err((
+            format!("{at}.ports.{name}"),
+            "must be a port number 1-65535".to_string(),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
