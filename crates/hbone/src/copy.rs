@@ -286,21 +286,70 @@ pub fn arena_free_bytes() -> usize {
         .unwrap_or(0)
 }
 
+/// Which of the two streams of [`copy_streams`] failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The first argument (`a`).
+    First,
+    /// The second argument (`b`).
+    Second,
+}
+
+impl fmt::Display for StreamEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StreamEnd::First => "first",
+            StreamEnd::Second => "second",
+        })
+    }
+}
+
+/// A [`copy_streams`] that ended with an I/O error on one of its streams.
+#[derive(Debug, thiserror::Error)]
+#[error("{end} stream failed while copying ({} bytes to the second, {} to the first)", written.0, written.1)]
+pub struct StreamsCopyError {
+    pub end: StreamEnd,
+    /// Bytes written to `b` and to `a` before the failure (for metrics).
+    pub written: (u64, u64),
+    #[source]
+    pub source: io::Error,
+}
+
 /// Copies both ways between two plain byte streams (a client socket and an upstream
 /// connection, for non-HBONE traffic) until both directions have seen EOF, propagating
 /// half-close (EOF on one side becomes `shutdown()` of the other). Reads go through the same
 /// per-thread arenas as [`copy_bidirectional`], so an idle connection holds no buffer.
-/// Returns the bytes written to `b` and to `a`.
-pub async fn copy_streams<A, B>(a: &mut A, b: &mut B) -> io::Result<(u64, u64)>
+/// Returns the bytes written to `b` and to `a`; an error says which stream failed.
+pub async fn copy_streams<A, B>(a: &mut A, b: &mut B) -> Result<(u64, u64), StreamsCopyError>
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
+    use StreamEnd::{First, Second};
     let mut a_to_b = Pipe::default();
     let mut b_to_a = Pipe::default();
     poll_fn(|cx| {
-        let a_done = a_to_b.poll(cx, &mut *a, &mut *b)?.is_ready();
-        let b_done = b_to_a.poll(cx, &mut *b, &mut *a)?.is_ready();
+        let fail = |end, source, a_to_b: &Pipe, b_to_a: &Pipe| {
+            Poll::Ready(Err(StreamsCopyError {
+                end,
+                written: (a_to_b.written, b_to_a.written),
+                source,
+            }))
+        };
+        let a_done = match a_to_b.poll(cx, &mut *a, &mut *b) {
+            Poll::Ready(Err((op, e))) => {
+                let end = if op == PipeOp::Read { First } else { Second };
+                return fail(end, e, &a_to_b, &b_to_a);
+            }
+            p => p.is_ready(),
+        };
+        let b_done = match b_to_a.poll(cx, &mut *b, &mut *a) {
+            Poll::Ready(Err((op, e))) => {
+                let end = if op == PipeOp::Read { Second } else { First };
+                return fail(end, e, &a_to_b, &b_to_a);
+            }
+            p => p.is_ready(),
+        };
         if a_done && b_done {
             Poll::Ready(Ok((a_to_b.written, b_to_a.written)))
         } else {
@@ -308,6 +357,13 @@ where
         }
     })
     .await
+}
+
+/// Which half of a [`Pipe`] failed: reading its source or writing its sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PipeOp {
+    Read,
+    Write,
 }
 
 /// One direction of [`copy_streams`].
@@ -323,19 +379,25 @@ struct Pipe {
 }
 
 impl Pipe {
-    fn poll<R, W>(&mut self, cx: &mut Context<'_>, from: &mut R, to: &mut W) -> Poll<io::Result<()>>
+    fn poll<R, W>(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &mut R,
+        to: &mut W,
+    ) -> Poll<Result<(), (PipeOp, io::Error)>>
     where
         R: AsyncRead + Unpin + ?Sized,
         W: AsyncWrite + Unpin + ?Sized,
     {
+        let write = |e| (PipeOp::Write, e);
         loop {
             if self.done {
                 return Poll::Ready(Ok(()));
             }
             if !self.pending.is_empty() {
-                let n = ready!(Pin::new(&mut *to).poll_write(cx, &self.pending))?;
+                let n = ready!(Pin::new(&mut *to).poll_write(cx, &self.pending)).map_err(write)?;
                 if n == 0 {
-                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                    return Poll::Ready(Err(write(io::ErrorKind::WriteZero.into())));
                 }
                 self.pending.advance(n);
                 self.written += n as u64;
@@ -343,7 +405,7 @@ impl Pipe {
                 continue;
             }
             if self.eof {
-                ready!(Pin::new(&mut *to).poll_shutdown(cx))?;
+                ready!(Pin::new(&mut *to).poll_shutdown(cx)).map_err(write)?;
                 self.done = true;
                 continue;
             }
@@ -353,10 +415,10 @@ impl Pipe {
                     self.pending = chunk;
                 }
                 Poll::Ready(Ok(None)) => self.eof = true,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err((PipeOp::Read, e))),
                 Poll::Pending => {
                     if self.need_flush {
-                        ready!(Pin::new(&mut *to).poll_flush(cx))?;
+                        ready!(Pin::new(&mut *to).poll_flush(cx)).map_err(write)?;
                         self.need_flush = false;
                     }
                     return Poll::Pending;

@@ -172,7 +172,7 @@ async fn idle_copies_share_one_read_block_per_thread() {
 /// client app ↔ copy_streams ↔ echoing upstream app; returns the client's end and the copy.
 fn plain_proxied() -> (
     DuplexStream,
-    tokio::task::JoinHandle<std::io::Result<(u64, u64)>>,
+    tokio::task::JoinHandle<Result<(u64, u64), ambit_hbone::copy::StreamsCopyError>>,
 ) {
     let (client, mut a) = tokio::io::duplex(64 * 1024);
     let (mut b, upstream) = tokio::io::duplex(64 * 1024);
@@ -231,5 +231,91 @@ async fn idle_plain_copies_share_one_read_block_per_thread() {
         assert!(!copy.is_finished());
         drop(client);
         assert_eq!(copy.await.unwrap().unwrap(), (1, 1));
+    }
+}
+
+/// A stream whose reads or writes fail with `kind` (the other half behaves as an open,
+/// quiet stream: reads pend, writes are accepted).
+struct Failing {
+    read_fails: bool,
+    write_fails: bool,
+}
+
+impl tokio::io::AsyncRead for Failing {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        _buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.read_fails {
+            std::task::Poll::Ready(Err(std::io::ErrorKind::ConnectionReset.into()))
+        } else {
+            std::task::Poll::Pending
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Failing {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.write_fails {
+            std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()))
+        } else {
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// A failed plain copy names the stream that failed, whichever way the bytes were going.
+#[tokio::test(flavor = "current_thread")]
+async fn plain_copy_error_names_the_failing_stream() {
+    use ambit_hbone::copy::StreamEnd;
+    // (which stream is the failing one, fails on read?, expected end, expected kind)
+    let cases = [
+        ("first fails reading", true, StreamEnd::First, true),
+        ("first fails writing", false, StreamEnd::First, true),
+        ("second fails reading", true, StreamEnd::Second, false),
+        ("second fails writing", false, StreamEnd::Second, false),
+    ];
+    for (what, on_read, want, failing_is_first) in cases {
+        let mut failing = Failing {
+            read_fails: on_read,
+            write_fails: !on_read,
+        };
+        // The healthy side has bytes to send, so a failing writer is written to.
+        let (mut healthy, mut feed) = tokio::io::duplex(1024);
+        feed.write_all(b"hello").await.unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(10), async {
+            if failing_is_first {
+                copy_streams(&mut failing, &mut healthy).await
+            } else {
+                copy_streams(&mut healthy, &mut failing).await
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the copy did not end"));
+        let err = result.expect_err(what);
+        assert_eq!(err.end, want, "{what}: {err}");
+        let kind = if on_read {
+            std::io::ErrorKind::ConnectionReset
+        } else {
+            std::io::ErrorKind::BrokenPipe
+        };
+        assert_eq!(err.source.kind(), kind, "{what}");
     }
 }

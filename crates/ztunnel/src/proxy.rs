@@ -380,19 +380,55 @@ pub fn pool_config(cfg: &Config) -> ambit_hbone::PoolConfig {
     }
 }
 
+/// Why the bytes of a proxied connection stopped moving before both sides closed. The
+/// variant and its source say which side failed; the text is what access logs always said.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyFailure {
+    /// Between two TCP connections (passthrough, non-HBONE workloads, inbound plaintext).
+    #[error("{}", .0.source)]
+    Tcp(#[source] ambit_hbone::copy::StreamsCopyError),
+    /// Between a socket and an HBONE tunnel.
+    #[error("{0}")]
+    Hbone(#[source] ambit_hbone::CopyError),
+}
+
+/// Which side of a [`copy_tcp`] failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpCopySide {
+    /// The accepted connection (the application outbound, the peer inbound).
+    Client,
+    /// The connection ztunnel opened.
+    Upstream,
+}
+
+impl CopyFailure {
+    /// The failing side of a TCP copy (`None` for HBONE copies: see their [`CopySide`]).
+    ///
+    /// [`CopySide`]: ambit_hbone::CopySide
+    pub fn tcp_side(&self) -> Option<TcpCopySide> {
+        match self {
+            CopyFailure::Tcp(e) => Some(match e.end {
+                ambit_hbone::copy::StreamEnd::First => TcpCopySide::Client,
+                ambit_hbone::copy::StreamEnd::Second => TcpCopySide::Upstream,
+            }),
+            CopyFailure::Hbone(_) => None,
+        }
+    }
+}
+
 /// Copies between two TCP streams, counting bytes live for metrics (Istio's convention:
 /// "received" is the request direction, client → server; "sent" the response direction).
 async fn copy_tcp(
     client: &mut tokio::net::TcpStream,
     upstream: &mut tokio::net::TcpStream,
     guard: &crate::telemetry::ConnectionGuard,
-) -> Result<(), String> {
+) -> Result<(), CopyFailure> {
     let mut counted = counted::Counted::new(client, guard, true);
     // No per-connection buffers: reads borrow a per-thread block only while data is moving.
     ambit_hbone::copy::copy_streams(&mut counted, upstream)
         .await
         .map(drop)
-        .map_err(|e| format!("copy: {e}"))
+        .map_err(CopyFailure::Tcp)
 }
 
 /// Copies between a socket and an HBONE tunnel, counting bytes live for metrics.
@@ -403,12 +439,12 @@ async fn copy_hbone(
     tunnel: &mut ambit_hbone::H2Stream,
     guard: &crate::telemetry::ConnectionGuard,
     socket_is_client: bool,
-) -> Result<(), String> {
+) -> Result<(), CopyFailure> {
     let mut counted = counted::Counted::new(socket, guard, socket_is_client);
     ambit_hbone::copy_bidirectional(&mut counted, tunnel)
         .await
         .map(drop)
-        .map_err(|e| e.to_string())
+        .map_err(CopyFailure::Hbone)
 }
 
 #[cfg(test)]

@@ -49,15 +49,13 @@ async fn handle(
     else {
         return;
     };
-    let result: Result<(), String> = async {
-        let mut upstream = connect_app(&inputs, orig, Some(peer.ip()))
-            .await
-            .map_err(|e| e.to_string())?;
+    let result: Result<(), PlaintextError> = async {
+        let mut upstream = connect_app(&inputs, orig, Some(peer.ip())).await?;
         tokio::select! {
-            r = super::copy_tcp(&mut stream, &mut upstream, &guard) => r,
+            r = super::copy_tcp(&mut stream, &mut upstream, &guard) => Ok(r?),
             reason = tracked.closed() => {
                 guard.set_failed(ResponseFlag::Deny);
-                Err(reason)
+                Err(PlaintextError::Closed(reason))
             }
         }
     }
@@ -67,6 +65,18 @@ async fn handle(
         result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
     );
     drop(drain);
+}
+
+/// Why an authorized plaintext connection ended early (the access log's error text).
+#[derive(Debug, thiserror::Error)]
+enum PlaintextError {
+    #[error("{0}")]
+    Connect(#[from] super::upstream::UpstreamError),
+    #[error("copy: {0}")]
+    Copy(#[from] super::CopyFailure),
+    /// Closed by the tracker (a policy change denied it); the reason is its text.
+    #[error("{0}")]
+    Closed(String),
 }
 
 /// A connection that passed authorization, with its metrics and access log opened.

@@ -39,7 +39,7 @@ pub enum OutboundError {
     #[error("upstream: {0}")]
     Connect(#[from] super::upstream::UpstreamError),
     #[error("copy: {0}")]
-    Copy(String),
+    Copy(#[from] super::CopyFailure),
 }
 
 /// Where a connection goes.
@@ -223,9 +223,7 @@ async fn proxy_tcp(
     guard: &ConnectionGuard,
 ) -> Result<(), OutboundError> {
     let mut upstream = super::upstream::connect_app(inputs, dst, None).await?;
-    super::copy_tcp(stream, &mut upstream, guard)
-        .await
-        .map_err(OutboundError::Copy)
+    Ok(super::copy_tcp(stream, &mut upstream, guard).await?)
 }
 
 async fn proxy_hbone(
@@ -245,9 +243,7 @@ async fn proxy_hbone(
     if status != http::StatusCode::OK {
         return Err(OutboundError::Status(status));
     }
-    super::copy_hbone(stream, &mut tunnel, guard, true)
-        .await
-        .map_err(OutboundError::Copy)
+    Ok(super::copy_hbone(stream, &mut tunnel, guard, true).await?)
 }
 
 /// The decision tree of §3.5.

@@ -100,3 +100,47 @@ async fn connections_wait_for_the_policy_sync() {
         assert_eq!(got, want, "{}", case.what);
     }
 }
+
+/// A copy failure keeps the access log's text and names the side that failed.
+#[test]
+fn copy_failures_name_their_side_and_keep_the_log_text() {
+    use ambit_hbone::copy::{StreamEnd, StreamsCopyError};
+    use std::io::{Error, ErrorKind};
+    let tcp = |end| {
+        super::CopyFailure::Tcp(StreamsCopyError {
+            end,
+            written: (1, 2),
+            source: Error::from(ErrorKind::ConnectionReset),
+        })
+    };
+    let reset = Error::from(ErrorKind::ConnectionReset).to_string();
+    let cases = [
+        (
+            tcp(StreamEnd::First),
+            Some(super::TcpCopySide::Client),
+            reset.clone(),
+        ),
+        (
+            tcp(StreamEnd::Second),
+            Some(super::TcpCopySide::Upstream),
+            reset,
+        ),
+        (
+            super::CopyFailure::Hbone(ambit_hbone::CopyError {
+                side: ambit_hbone::CopySide::Tunnel,
+                transferred: ambit_hbone::Transferred::default(),
+                source: Error::from(ErrorKind::BrokenPipe),
+            }),
+            None,
+            "tunnel side failed while copying (0 bytes to tunnel, 0 from tunnel)".to_string(),
+        ),
+    ];
+    for (failure, side, text) in cases {
+        assert_eq!(failure.tcp_side(), side, "{failure:?}");
+        assert_eq!(failure.to_string(), text);
+        // The typed error underneath stays reachable for whoever needs more than the text.
+        assert!(std::error::Error::source(&failure).is_some(), "{failure:?}");
+        let outbound = super::outbound::OutboundError::from(failure);
+        assert_eq!(outbound.to_string(), format!("copy: {text}"));
+    }
+}
