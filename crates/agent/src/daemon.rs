@@ -64,8 +64,11 @@ pub enum AgentError {
     #[error("opening host netns: {0}")]
     HostNetns(#[from] ambit_netns::NetnsError),
     /// Host probe set or rules could not be set up.
-    #[error("host setup: {0}")]
-    Host(String),
+    #[error("host probe set: {0}")]
+    HostProbeSet(#[source] mesh::Blocked<ambit_redirect::ProbeSetError>),
+    /// Host rules could not be set up.
+    #[error("host rules: {0}")]
+    HostRules(#[source] mesh::Blocked<ambit_redirect::ApplyError>),
     /// The plugin log socket could not be bound.
     #[error(transparent)]
     PluginLog(#[from] PluginLogError),
@@ -263,10 +266,9 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
     // §1.3 steps 4 and 6: set first (rules match on it), then host rules. Deviation: no
     // flush; restart discovery resyncs the set without a window where running pods'
     // entries are missing (see `restart`).
-    tokio::task::spawn_blocking(move || probe.ensure())
+    mesh::blocking(move || probe.ensure())
         .await
-        .map_err(|e| AgentError::Host(e.to_string()))?
-        .map_err(|e| AgentError::Host(e.to_string()))?;
+        .map_err(AgentError::HostProbeSet)?;
     let cleanup = Cleanup {
         host_runner: host_runner.clone(),
         backend,
@@ -281,10 +283,9 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
     };
     {
         let runner = host_runner.clone();
-        tokio::task::spawn_blocking(move || host_rules.apply(&runner))
+        mesh::blocking(move || host_rules.apply(&runner))
             .await
-            .map_err(|e| AgentError::Host(e.to_string()))?
-            .map_err(|e| AgentError::Host(e.to_string()))?;
+            .map_err(AgentError::HostRules)?;
     }
 
     let zds = ZdsServer::new(cfg.zds.clone(), Some(metrics.ztunnel_connected.clone()));

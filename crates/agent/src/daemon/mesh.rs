@@ -52,13 +52,13 @@ pub enum MeshError {
     },
     /// Writing or deleting in-pod rules failed.
     #[error("in-pod rules: {0}")]
-    Rules(String),
+    Rules(#[source] Blocked<ambit_redirect::ApplyError>),
     /// ztunnel did not take the pod (retryable; rules stay: fail closed).
     #[error("ztunnel: {0}")]
     Zds(#[from] ZdsError),
     /// Host probe set update failed (retryable).
     #[error("probe set: {0}")]
-    ProbeSet(String),
+    ProbeSet(#[source] Blocked<ambit_redirect::ProbeSetError>),
     /// Writing the annotation failed: retried unless the pod is gone (its delete event
     /// cleans up) or the server rejects the patch itself.
     #[error("annotating: {0}")]
@@ -88,12 +88,23 @@ fn annotation_bool(pod: &Pod, key: &str) -> Option<bool> {
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+/// A step run on the blocking pool failed: its own error, or the task itself (a panic).
+#[derive(Debug, thiserror::Error)]
+pub enum Blocked<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Step(E),
+    #[error("blocking task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// Runs a netlink/iptables step off the async workers, keeping its typed error.
+pub(crate) async fn blocking<T: Send + 'static, E: std::error::Error + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, Blocked<E>> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(Blocked::Task)?
+        .map_err(Blocked::Step)
 }
 
 impl<S: PodSource> Core<S> {
@@ -175,12 +186,13 @@ impl<S: PodSource> Core<S> {
         let netns = match (path, existing) {
             (Some(path), existing) => {
                 let p = path.clone();
-                let opened = blocking(move || NetnsFd::open(&p).map_err(|e| e.to_string()))
-                    .await
-                    .map_err(|reason| MeshError::Netns {
-                        path: Some(path),
-                        reason,
-                    })?;
+                let opened =
+                    blocking(move || NetnsFd::open(&p))
+                        .await
+                        .map_err(|e| MeshError::Netns {
+                            path: Some(path),
+                            reason: e.to_string(),
+                        })?;
                 match existing {
                     Some(old) if old.same_namespace(&opened) => old,
                     _ => Arc::new(opened),
@@ -208,7 +220,7 @@ impl<S: PodSource> Core<S> {
                     netns: netns.clone(),
                 },
             );
-            blocking(move || inpod.apply(&runner).map_err(|e| e.to_string())).await
+            blocking(move || inpod.apply(&runner)).await
         };
         if let Err(e) = applied {
             enrolled.remove(&pod.uid);
@@ -252,7 +264,7 @@ impl<S: PodSource> Core<S> {
         // d. probe set.
         for ip in ips.iter().copied() {
             let (probe, uid) = (self.probe_handle(), pod.uid.clone());
-            blocking(move || probe.upsert(ip, &uid).map_err(|e| e.to_string()))
+            blocking(move || probe.upsert(ip, &uid))
                 .await
                 .map_err(MeshError::ProbeSet)?;
         }
@@ -294,7 +306,7 @@ impl<S: PodSource> Core<S> {
             .map_or_else(|| pod.ips.clone(), |s| s.ips.clone());
         for ip in ips.iter().copied() {
             let (probe, uid) = (self.probe_handle(), pod.uid.clone());
-            blocking(move || probe.remove(ip, &uid).map(drop).map_err(|e| e.to_string()))
+            blocking(move || probe.remove(ip, &uid).map(drop))
                 .await
                 .map_err(MeshError::ProbeSet)?;
         }
@@ -310,7 +322,7 @@ impl<S: PodSource> Core<S> {
                     netns: slot.netns.clone(),
                 },
             );
-            blocking(move || inpod.delete(&runner).map_err(|e| e.to_string()))
+            blocking(move || inpod.delete(&runner))
                 .await
                 .map_err(MeshError::Rules)?;
         }
@@ -432,8 +444,7 @@ impl<S: PodSource> Core<S> {
             let runner = FdRunner {
                 netns: slot.netns.clone(),
             };
-            if let Err(e) = blocking(move || inpod.apply(&runner).map_err(|e| e.to_string())).await
-            {
+            if let Err(e) = blocking(move || inpod.apply(&runner)).await {
                 tracing::warn!(pod = %slot.pod.name, error = %e, "re-applying rules failed");
             }
             rules_ok = rules_present(&slot.inpod, &slot.netns, &slot.memo).await;
@@ -474,13 +485,7 @@ impl<S: PodSource> Verifier for Core<S> {
 /// would keep their tuples unredirected; see [`InPod::flush_bypassed_conntrack`]).
 async fn flush_bypassed(slot: &Slot) {
     let (inpod, netns) = (slot.inpod.clone(), slot.netns.clone());
-    match blocking(move || {
-        inpod
-            .flush_bypassed_conntrack(&netns)
-            .map_err(|e| e.to_string())
-    })
-    .await
-    {
+    match blocking(move || inpod.flush_bypassed_conntrack(&netns)).await {
         Ok(0) => {}
         Ok(n) => {
             tracing::warn!(pod = %slot.pod.name, entries = n, "deleted conntrack entries that bypassed the missing rules")
@@ -530,8 +535,23 @@ mod tests {
                 }),
                 true,
             ),
-            (MeshError::ProbeSet("x".into()), true),
-            (MeshError::Rules("x".into()), false),
+            (
+                MeshError::ProbeSet(Blocked::Step(ambit_redirect::ProbeSetError::InvalidUid(
+                    "x".into(),
+                ))),
+                true,
+            ),
+            (
+                MeshError::Rules(Blocked::Step(ambit_redirect::ApplyError::Command {
+                    step: "x",
+                    source: ambit_redirect::RunError::Failed {
+                        argv: "iptables-restore".into(),
+                        code: Some(1),
+                        stderr: String::new(),
+                    },
+                })),
+                false,
+            ),
             (
                 MeshError::Netns {
                     path: None,
