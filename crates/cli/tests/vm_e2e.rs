@@ -480,6 +480,33 @@ fn vm_from_its_bundle_joins_the_mesh() {
     m.write("");
     m.wait("`denied` allowed again", || m.reachable("denied", vm_svc));
 
+    // A SIGKILLed `vm up` takes its ztunnel with it, and a new `vm up` recovers: the stale
+    // rules are replaced, not duplicated.
+    let ready = SocketAddr::from(([127, 0, 0, 1], 15021));
+    let vm_ns = m.topo.pod("vm").netns();
+    assert!(mesh::http_get(vm_ns, ready, "/healthz/ready").is_some());
+    let mut killed = m.vm_up.take().unwrap();
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    m.wait("the killed vm up's ztunnel exited", || {
+        mesh::http_get(vm_ns, ready, "/healthz/ready").is_none()
+    });
+    let rules_after_kill = m.rulesets();
+    m.vm_up = Some(m.vm_up(&bundle, "vm-up-again"));
+    m.wait("client → VM service after the restart", || {
+        m.reachable("client", vm_svc)
+    });
+    m.wait("the restarted vm up wrote its rules", || {
+        m.rulesets().contains("-A OUTPUT -j ISTIO_VM_OUTPUT")
+    });
+    let again = m.rulesets();
+    assert_eq!(
+        // Once per family (iptables and ip6tables).
+        again.matches("-A PREROUTING -j ISTIO_VM_PRERT").count(),
+        2,
+        "rules duplicated by the restart:\n{again}\n(after the kill:\n{rules_after_kill})"
+    );
+
     // `vm down` leaves the namespace as it was.
     let out = m
         .vm_cmd(&["vm", "down", "--run-dir", &m.run_dir()])

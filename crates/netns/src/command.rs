@@ -15,3 +15,10 @@ pub fn set_command_netns(cmd: &mut Command, netns: &NetnsFd) -> Result<(), Netns
     let fd = netns.try_clone()?.into_owned_fd();
     imp::set_pre_exec(cmd, fd)
 }
+
+/// Makes the child started by `cmd` receive SIGKILL when the thread that spawns it exits
+/// (`PR_SET_PDEATHSIG`), so a helper process never outlives a parent killed with SIGKILL.
+/// Spawn from a thread that lives as long as the child should (the main thread, say).
+pub fn kill_with_parent(cmd: &mut Command) {
+    imp::set_pdeathsig(cmd);
+}

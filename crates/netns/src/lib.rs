@@ -45,7 +45,7 @@ mod seqpacket;
 mod socket;
 pub mod testing;
 
-pub use command::set_command_netns;
+pub use command::{kill_with_parent, set_command_netns};
 pub use enter::{in_netns, run_in_netns_thread, spawn_in_netns_thread};
 pub use fd::{NetnsFd, NetnsId};
 pub use seqpacket::{SeqPacket, SeqPacketError, SeqPacketListener, register_async};

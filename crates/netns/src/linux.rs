@@ -119,6 +119,24 @@ pub(crate) fn set_pre_exec(cmd: &mut Command, fd: OwnedFd) -> Result<(), NetnsEr
     Ok(())
 }
 
+/// Makes `cmd`'s child ask for SIGKILL on its parent's death, between fork and exec.
+pub(crate) fn set_pdeathsig(cmd: &mut Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: the hook runs in the forked child before exec. prctl(2) and getppid(2) are
+    // async-signal-safe, and building an io::Error from an errno does not allocate.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+            // The parent died between fork and prctl: the signal will never come.
+            if nix::unistd::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Applies the options that only Linux has (or that we only support on Linux).
 pub(crate) fn apply_options(
     sock: &Socket,

@@ -115,3 +115,5 @@ pub(crate) fn seqpacket_recv(
 ) -> std::io::Result<SeqpacketRecv> {
     seqpacket_unsupported()
 }
+
+pub(crate) fn set_pdeathsig(_cmd: &mut Command) {}

@@ -248,6 +248,9 @@ pub fn run(cfg: &Config, rules: &dyn NetnsRunner, stop: &AtomicBool) -> Result<(
     for w in &bundle.warnings {
         tracing::warn!("{}: {w}", cfg.bundle_dir.display());
     }
+    // A killed run's rules would capture the pre-flight connection into a ztunnel that is
+    // gone: remove them first (the new run writes its own once ztunnel is ready).
+    ambit_redirect::vm::delete_all(rules)?;
     let cp = match preflight(&bundle) {
         Ok(cp) => cp,
         Err(e) => {
@@ -383,7 +386,10 @@ impl Ztunnel {
 
     fn spawn(&mut self) -> Result<(), UpError> {
         let program = self.argv.first().cloned().unwrap_or_default();
-        let child = Command::new(&program)
+        let mut cmd = Command::new(&program);
+        // ztunnel dies with `vm up`, even a SIGKILLed one (`vm up` spawns from one thread).
+        ambit_netns::kill_with_parent(&mut cmd);
+        let child = cmd
             .args(self.argv.iter().skip(1))
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
