@@ -169,11 +169,11 @@ async fn idle_copies_share_one_read_block_per_thread() {
     }
 }
 
+/// A running [`copy_streams`]: bytes written each way, or which stream failed.
+type PlainCopy = tokio::task::JoinHandle<Result<(u64, u64), ambit_hbone::copy::StreamsCopyError>>;
+
 /// client app ↔ copy_streams ↔ echoing upstream app; returns the client's end and the copy.
-fn plain_proxied() -> (
-    DuplexStream,
-    tokio::task::JoinHandle<Result<(u64, u64), ambit_hbone::copy::StreamsCopyError>>,
-) {
+fn plain_proxied() -> (DuplexStream, PlainCopy) {
     let (client, mut a) = tokio::io::duplex(64 * 1024);
     let (mut b, upstream) = tokio::io::duplex(64 * 1024);
     tokio::spawn(async move {
