@@ -13,7 +13,7 @@ use std::time::Duration;
 use ambit_agent::pods::{
     LocalPodSource, Namespace, Pod, PodEvent, PodPhase, PodSource, SourceError,
 };
-use ambit_control::objects::ObjectSet;
+use ambit_control::objects::{ObjectError, ObjectSet};
 use tokio::sync::mpsc;
 
 use crate::manifests::NETNS_ANNOTATION;
@@ -21,17 +21,45 @@ use crate::manifests::NETNS_ANNOTATION;
 /// How often the pods directory is re-read.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
+/// Why the pods directory could not be read into a pod source.
+#[derive(Debug, thiserror::Error)]
+pub enum PodSourceError {
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Manifest(#[from] ObjectError),
+    #[error("pod status directory {}: {source}", path.display())]
+    StatusDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn read_error(path: &Path) -> impl FnOnce(std::io::Error) -> PodSourceError + '_ {
+    move |source| PodSourceError::Read {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// Reads `dir` (pods of `node`; all nodes when empty), then keeps watching it on a thread of
 /// its own for the life of the process. `status_dir`: where annotations are mirrored.
 pub fn start(
     dir: &Path,
     node: &str,
     status_dir: Option<PathBuf>,
-) -> Result<ManifestPodSource, String> {
+) -> Result<ManifestPodSource, PodSourceError> {
     let first = read_dir_texts(dir).and_then(|t| snapshot(&t, node))?;
     if let Some(status) = &status_dir {
-        std::fs::create_dir_all(status)
-            .map_err(|e| format!("pod status directory {}: {e}", status.display()))?;
+        std::fs::create_dir_all(status).map_err(|source| PodSourceError::StatusDir {
+            path: status.clone(),
+            source,
+        })?;
     }
     let source = LocalPodSource::new();
     publish(&source, &Snapshot::default(), &first);
@@ -50,9 +78,9 @@ struct Snapshot {
     pods: BTreeMap<(String, String), Pod>,
 }
 
-fn read_dir_texts(dir: &Path) -> Result<Vec<(PathBuf, String)>, String> {
+fn read_dir_texts(dir: &Path) -> Result<Vec<(PathBuf, String)>, PodSourceError> {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .map_err(read_error(dir))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
         .collect();
@@ -62,17 +90,17 @@ fn read_dir_texts(dir: &Path) -> Result<Vec<(PathBuf, String)>, String> {
         .map(|path| {
             std::fs::read_to_string(&path)
                 .map(|t| (path.clone(), t))
-                .map_err(|e| format!("{}: {e}", path.display()))
+                .map_err(read_error(&path))
         })
         .collect()
 }
 
-fn snapshot(texts: &[(PathBuf, String)], node: &str) -> Result<Snapshot, String> {
+fn snapshot(texts: &[(PathBuf, String)], node: &str) -> Result<Snapshot, PodSourceError> {
     let mut set = ObjectSet::new();
     for (path, text) in texts {
         let name = path.display().to_string();
-        for obj in ambit_control::objects::load_documents(&name, text).map_err(|e| e.to_string())? {
-            set.insert(obj).map_err(|e| e.to_string())?;
+        for obj in ambit_control::objects::load_documents(&name, text)? {
+            set.insert(obj)?;
         }
     }
     let mut snap = Snapshot::default();
@@ -303,9 +331,35 @@ mod tests {
     }
 
     #[test]
-    fn bad_manifest_is_an_error_naming_the_file() {
-        let err = snapshot(&[(PathBuf::from("p.yaml"), "kind: [".into())], "n1").unwrap_err();
-        assert!(err.contains("p.yaml"), "{err}");
+    fn bad_input_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-dir");
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let cases: Vec<(&str, PodSourceError, String)> = vec![
+            (
+                "bad manifest",
+                snapshot(&[(PathBuf::from("p.yaml"), "kind: [".into())], "n1").unwrap_err(),
+                "p.yaml".into(),
+            ),
+            (
+                "missing pods directory",
+                start(&missing, "n1", None).unwrap_err(),
+                missing.display().to_string(),
+            ),
+            (
+                "status directory under a file",
+                start(dir.path(), "n1", Some(file.join("status"))).unwrap_err(),
+                file.join("status").display().to_string(),
+            ),
+        ];
+        for (case, err, names) in cases {
+            let text = err.to_string();
+            assert!(
+                text.contains(&names),
+                "{case}: {text:?} does not name {names}"
+            );
+        }
     }
 
     #[tokio::test]

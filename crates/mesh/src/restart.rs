@@ -48,7 +48,9 @@ pub enum RestartError {
     #[error("no mesh in {0}")]
     NoMesh(std::path::PathBuf),
     #[error("ztunnel pod namespace: {0}")]
-    Topology(String),
+    Topology(#[from] ambit_topology::TopologyError),
+    #[error(transparent)]
+    Up(Box<UpError>),
     #[error("no node {node:?}; known: {known}")]
     UnknownNode { node: String, known: String },
     #[error("no {role} recorded (or its command line is not: started by an older ambit)")]
@@ -225,9 +227,7 @@ impl Mesh {
             .topology
             .as_mut()
             .ok_or(RestartError::NoMesh(self.run.root().to_path_buf()))?;
-        let pod = topo
-            .add_pod(node, &name)
-            .map_err(|e| RestartError::Topology(e.to_string()))?;
+        let pod = topo.add_pod(node, &name)?;
         let new_pod = ZtunnelPod {
             name: name.clone(),
             netns: pod.netns_path(),
@@ -356,6 +356,6 @@ impl Mesh {
 
 impl From<UpError> for RestartError {
     fn from(e: UpError) -> Self {
-        RestartError::Topology(e.to_string())
+        RestartError::Up(Box::new(e))
     }
 }
