@@ -55,7 +55,7 @@ pub const RESOURCES: [(Kind, &str, &str); 5] = [
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeSourceError {
-    #[error("initial list of {kind} ({path}) failed")]
+    #[error("initial list of {kind} ({path}): {source}")]
     List {
         kind: Kind,
         path: &'static str,

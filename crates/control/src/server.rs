@@ -84,6 +84,12 @@ pub struct TokenEntry {
     pub identity: Option<String>,
 }
 
+impl From<crate::kube_source::KubeSourceError> for ControlError {
+    fn from(e: crate::kube_source::KubeSourceError) -> Self {
+        ControlError::KubeSource(Box::new(e))
+    }
+}
+
 /// Why the control plane could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -95,8 +101,10 @@ pub enum ControlError {
     Tokens { path: PathBuf, message: String },
     #[error("manifests: {0}")]
     Source(#[from] crate::source::SourceError),
-    #[error("Kubernetes API: {0}")]
-    Kube(String),
+    #[error("Kubernetes API client: {0}")]
+    KubeClient(#[from] ambit_kubeapi::ConfigError),
+    #[error("Kubernetes object source: {0}")]
+    KubeSource(#[source] Box<crate::kube_source::KubeSourceError>),
     #[error("TokenReview authentication needs the Kubernetes object source")]
     TokenReviewWithoutKubernetes,
     #[error("listening on {addr}: {source}")]
@@ -218,8 +226,7 @@ pub async fn run(
             Arc::new(StaticAuthorizer::new(load_tokens(path)?, on_node))
         }
         (CallerAuth::TokenReview { node_accounts }, ObjectSource::Kubernetes(kube)) => {
-            let client = ambit_kubeapi::Client::new((**kube).clone())
-                .map_err(|e| ControlError::Kube(e.to_string()))?;
+            let client = ambit_kubeapi::Client::new((**kube).clone())?;
             Arc::new(TokenReviewAuthorizer::new(
                 client,
                 cfg.cluster.trust_domain.clone(),
@@ -249,12 +256,10 @@ pub async fn run(
             (watch.subscribe(), Box::new(watch))
         }
         ObjectSource::Kubernetes(kube) => {
-            let client = ambit_kubeapi::Client::new((**kube).clone())
-                .map_err(|e| ControlError::Kube(e.to_string()))?;
+            let client = ambit_kubeapi::Client::new((**kube).clone())?;
             let watch = crate::kube_source::KubeSource::new(client, cfg.cluster.clone())
                 .watch()
-                .await
-                .map_err(|e| ControlError::Kube(e.to_string()))?;
+                .await?;
             (watch.subscribe(), Box::new(watch))
         }
     };
