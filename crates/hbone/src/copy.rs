@@ -15,13 +15,13 @@
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use crate::stream::H2Stream;
 
@@ -202,11 +202,12 @@ impl Tier {
 /// the duration of one `poll_read` call, so a connection waiting for data holds none, and a
 /// thread needs one block per tier however many connections it serves.
 ///
-/// When the tail gets short, a new block is reserved: `BytesMut::reserve` reclaims the old
-/// block in place once h2 has dropped every chunk split from it (the common case for a
-/// steady flow), otherwise the old block is freed when its last chunk is. Zero-filling
-/// (`resize`) is the price of staying in safe code and is paid once per byte of block, not
-/// per read.
+/// The free space is the block's spare *capacity* (its length is always 0 between reads),
+/// read into uninitialised through tokio's `read_buf`, so no byte is zeroed first (zeroing
+/// each new 256 KiB block was 4.4 % of the data path's samples). When the spare capacity
+/// gets short, a new block is reserved: `BytesMut::reserve` reclaims the old block in place
+/// once h2 has dropped every chunk split from it (the common case for a steady flow),
+/// otherwise the old block is freed when its last chunk is.
 struct Arenas {
     blocks: [BytesMut; 3],
 }
@@ -219,18 +220,17 @@ thread_local! {
     static REFILLS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Takes the current thread's block for `tier` out of the arena, with a worthwhile amount of
-/// initialised space in it. Taking (rather than borrowing) keeps the thread-local unborrowed
+/// Takes the current thread's block for `tier` out of the arena, empty and with a worthwhile
+/// amount of spare capacity. Taking (rather than borrowing) keeps the thread-local unborrowed
 /// while foreign code (`poll_read`) runs.
 fn take_block(tier: Tier) -> BytesMut {
     let mut block = ARENAS
         .try_with(|a| std::mem::take(&mut a.borrow_mut().blocks[tier as usize]))
         .unwrap_or_default();
+    block.clear();
     let target = tier.block_size();
-    if block.len() < target / 4 {
-        block.clear();
+    if block.capacity() < target / 4 {
         block.reserve(target);
-        block.resize(target, 0);
         let _ = REFILLS.try_with(|r| r.set(r.get() + 1));
     }
     block
@@ -241,7 +241,7 @@ fn take_block(tier: Tier) -> BytesMut {
 fn return_block(tier: Tier, block: BytesMut) {
     let _ = ARENAS.try_with(|a| {
         let slot = &mut a.borrow_mut().blocks[tier as usize];
-        if block.len() > slot.len() {
+        if block.capacity() > slot.capacity() {
             *slot = block;
         }
     });
@@ -258,12 +258,17 @@ where
     S: AsyncRead + Unpin + ?Sized,
 {
     let mut block = take_block(tier);
-    let mut rb = ReadBuf::new(&mut block[..]);
-    let polled = Pin::new(&mut *socket).poll_read(cx, &mut rb);
-    let n = rb.filled().len();
+    // One poll of tokio's `read_buf` future: it reads into the block's uninitialised spare
+    // capacity and advances its length by what was read (the safe counterpart of
+    // `ReadBuf::uninit` + `set_len`). Dropping it after a `Pending` poll is harmless: it
+    // holds nothing but the two borrows.
+    let polled = {
+        let read = socket.read_buf(&mut block);
+        std::pin::pin!(read).poll(cx)
+    };
     let out = match polled {
-        Poll::Ready(Ok(())) if n == 0 => Poll::Ready(Ok(None)),
-        Poll::Ready(Ok(())) => Poll::Ready(Ok(Some(block.split_to(n).freeze()))),
+        Poll::Ready(Ok(0)) => Poll::Ready(Ok(None)),
+        Poll::Ready(Ok(n)) => Poll::Ready(Ok(Some(block.split_to(n).freeze()))),
         Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
         Poll::Pending => Poll::Pending,
     };
@@ -282,7 +287,7 @@ pub fn arena_refills() -> u64 {
 /// class, whatever the number of connections).
 pub fn arena_free_bytes() -> usize {
     ARENAS
-        .try_with(|a| a.borrow().blocks.iter().map(BytesMut::len).sum())
+        .try_with(|a| a.borrow().blocks.iter().map(BytesMut::capacity).sum())
         .unwrap_or(0)
 }
 
