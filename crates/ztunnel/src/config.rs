@@ -152,6 +152,9 @@ pub struct Config {
     pub prefered_service_namespace: Option<String>,
     /// `ISTIO_META_*` with the prefix stripped (xDS node metadata).
     pub proxy_metadata: BTreeMap<String, String>,
+    /// `ISTIO_METAJSON_*` with the prefix stripped, each a JSON value (xDS node metadata as
+    /// structured values, like upstream: `ISTIO_METAJSON_LABELS` becomes `LABELS`).
+    pub proxy_metadata_json: BTreeMap<String, serde_json::Value>,
     /// Version reported in `istio_build{tag}`.
     pub istio_version: String,
 
@@ -431,6 +434,19 @@ impl Config {
         }
 
         let proxy_metadata = r.prefixed("ISTIO_META_");
+        let mut proxy_metadata_json = BTreeMap::new();
+        for (key, text) in r.prefixed("ISTIO_METAJSON_") {
+            match serde_json::from_str::<serde_json::Value>(&text) {
+                Ok(v) => {
+                    proxy_metadata_json.insert(key, v);
+                }
+                Err(e) => r.fail(
+                    &format!("ISTIO_METAJSON_{key}"),
+                    &text,
+                    format!("a JSON value ({e})"),
+                ),
+            }
+        }
         let cluster_id = r
             .get("CLUSTER_ID")
             .map(str::to_owned)
@@ -610,6 +626,7 @@ impl Config {
                 .cloned()
                 .unwrap_or_else(|| "unknown".into()),
             proxy_metadata,
+            proxy_metadata_json,
             dns_proxy: dns_capture,
             dns_proxy_addr,
             dns_resolv_conf: r
@@ -808,6 +825,10 @@ mod tests {
             ),
             (&[("PROXY_MODE", "dedicated")], "PROXY_WORKLOAD_INFO"),
             (&[("XDS_ON_DEMAND", "true")], "XDS_ON_DEMAND"),
+            (
+                &[("ISTIO_METAJSON_LABELS", "{\"app\":")],
+                "ISTIO_METAJSON_LABELS",
+            ),
         ];
         for (pairs, var) in cases {
             let errs = load(pairs).unwrap_err();

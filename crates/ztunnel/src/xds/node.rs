@@ -11,8 +11,9 @@ pub fn node_id(instance_ip: &str, pod_name: &str, pod_namespace: &str) -> String
     format!("ztunnel~{instance_ip}~{pod_name}.{pod_namespace}~{pod_namespace}.svc.cluster.local")
 }
 
-/// The node for `cfg`: id as above; metadata = every `ISTIO_META_*` (prefix stripped), then
-/// `NAME`, `NAMESPACE`, `INSTANCE_IPS`, `NODE_NAME` (those set) and `CLUSTER_ID` (the
+/// The node for `cfg`: id as above; metadata = every `ISTIO_META_*` (prefix stripped), every
+/// `ISTIO_METAJSON_*` as its JSON value (prefix stripped; `LABELS` is what auto-registration
+/// copies onto a VM's WorkloadEntry), then `NAME`, `NAMESPACE`, `INSTANCE_IPS`, `NODE_NAME` (those set) and `CLUSTER_ID` (the
 /// effective cluster id, which already honours `ISTIO_META_CLUSTER_ID`).
 pub fn node_from_config(cfg: &Config) -> Node {
     let pod_name = cfg.pod_name.as_deref().unwrap_or_default();
@@ -23,6 +24,9 @@ pub fn node_from_config(cfg: &Config) -> Node {
         .iter()
         .map(|(k, v)| (k.clone(), string(v)))
         .collect();
+    for (k, v) in &cfg.proxy_metadata_json {
+        fields.insert(k.clone(), json(v));
+    }
     let explicit = [
         ("NAME", cfg.pod_name.as_deref()),
         ("NAMESPACE", cfg.pod_namespace.as_deref()),
@@ -40,6 +44,23 @@ pub fn node_from_config(cfg: &Config) -> Node {
         metadata: Some(Struct { fields }),
         ..Default::default()
     }
+}
+
+fn json(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    let kind = match v {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(*b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        J::String(s) => Kind::StringValue(s.clone()),
+        J::Array(items) => Kind::ListValue(prost_types::ListValue {
+            values: items.iter().map(json).collect(),
+        }),
+        J::Object(map) => Kind::StructValue(Struct {
+            fields: map.iter().map(|(k, v)| (k.clone(), json(v))).collect(),
+        }),
+    };
+    Value { kind: Some(kind) }
 }
 
 fn string(s: &str) -> Value {

@@ -273,6 +273,7 @@ fn node_from_config() {
         ("NODE_NAME", "node1"),
         ("ISTIO_META_DNS_CAPTURE", "true"),
         ("ISTIO_META_CLUSTER_ID", "east"),
+        ("ISTIO_METAJSON_LABELS", r#"{"app":"foo","n":[1,true]}"#),
         ("XDS_HEADER_X-Extra", "1"),
         ("AUTH_TOKEN", "literal-token"),
     ]
@@ -300,6 +301,20 @@ fn node_from_config() {
     ] {
         assert_eq!(get(k).as_deref(), Some(v), "{k}");
     }
+    // ISTIO_METAJSON_* arrive as structured values, as upstream ztunnel sends them.
+    let Some(prost_types::value::Kind::StructValue(labels)) =
+        meta.get("LABELS").and_then(|v| v.kind.clone())
+    else {
+        panic!("LABELS is not a struct: {:?}", meta.get("LABELS"));
+    };
+    assert_eq!(
+        labels.fields["app"].kind,
+        Some(prost_types::value::Kind::StringValue("foo".into()))
+    );
+    assert!(matches!(
+        &labels.fields["n"].kind,
+        Some(prost_types::value::Kind::ListValue(l)) if l.values.len() == 2
+    ));
     assert_eq!(xds.cluster_id, "east");
     let md = xds.metadata().unwrap();
     assert_eq!(md.get("authorization").unwrap(), "Bearer literal-token");
