@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use ambit_control::autoregister::AutoRegistrationConfig;
 use ambit_control::server::{CallerAuth, ControlConfig, DEFAULT_NODE_ACCOUNTS, ObjectSource};
 use ambit_control::translate::ClusterConfig;
 
@@ -60,6 +61,26 @@ pub struct Args {
     cluster_id: String,
     #[arg(long, env = "ISTIO_ROOT_NAMESPACE", default_value = "istio-system")]
     root_namespace: String,
+    /// How long an auto-registered WorkloadEntry outlives its VM's last xDS stream (Go
+    /// duration, as istiod's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
+    #[arg(
+        long,
+        env = "PILOT_WORKLOAD_ENTRY_GRACE_PERIOD",
+        default_value = "10s",
+        value_parser = grace_period
+    )]
+    workload_entry_grace_period: std::time::Duration,
+    /// Most WorkloadEntries one WorkloadGroup may auto-register at once.
+    #[arg(
+        long,
+        env = "AMBIT_MAX_ENTRIES_PER_GROUP",
+        default_value_t = ambit_control::autoregister::DEFAULT_MAX_ENTRIES_PER_GROUP
+    )]
+    max_entries_per_group: usize,
+}
+
+fn grace_period(s: &str) -> Result<std::time::Duration, String> {
+    ambit_contract::values::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
 }
 
 pub fn main(args: Args) -> ExitCode {
@@ -110,6 +131,14 @@ pub fn main(args: Args) -> ExitCode {
             trust_domain: args.trust_domain,
             root_namespace: args.root_namespace,
             cluster_id: args.cluster_id,
+        },
+        autoregistration: AutoRegistrationConfig {
+            grace_period: args.workload_entry_grace_period,
+            max_entries_per_group: args.max_entries_per_group,
+            instance_id: std::env::var("POD_NAME")
+                .ok()
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| AutoRegistrationConfig::default().instance_id),
         },
     };
     tracing::info!(config = ?cfg, "running control plane");

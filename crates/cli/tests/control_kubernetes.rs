@@ -49,6 +49,7 @@ async fn start(server: &FakeApiServer) -> Control {
         monitoring: None,
         hostnames: vec!["localhost".into()],
         cluster: ClusterConfig::default(),
+        autoregistration: Default::default(),
     };
     let (bound_tx, bound) = tokio::sync::oneshot::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod autoregister;
 pub mod ca;
 pub mod grpc;
 pub mod kube_auth;

@@ -20,6 +20,7 @@ use ambit_tls::LocalCa;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 
+use crate::autoregister::{AutoRegistrationConfig, Registry};
 use crate::ca::{CaService, Caller, StaticAuthorizer};
 use crate::kube_auth::{PodIndex, PodPlacement, TokenReviewAuthorizer};
 use crate::source::DirectorySource;
@@ -41,6 +42,8 @@ pub struct ControlConfig {
     /// Names in the server certificate (the listen IP is always added).
     pub hostnames: Vec<String>,
     pub cluster: ClusterConfig,
+    /// WorkloadEntry auto-registration of connecting VMs.
+    pub autoregistration: AutoRegistrationConfig,
 }
 
 /// The origin of the Kubernetes objects.
@@ -240,7 +243,14 @@ pub async fn run(
         }
     };
 
-    let xds = Arc::new(XdsServer::new(as_xds(authorizer.clone())));
+    let registry = Registry::new(
+        cfg.autoregistration.clone(),
+        tokio::runtime::Handle::current(),
+    );
+    let xds = Arc::new(XdsServer::with_connect_hook(
+        as_xds(authorizer.clone()),
+        Arc::new(registry.clone()),
+    ));
     let metrics = Arc::new(crate::monitoring::Metrics::default());
     let _monitoring = match cfg.monitoring {
         Some(addr) => Some(crate::monitoring::serve(addr, metrics.clone()).await?),
@@ -268,8 +278,14 @@ pub async fn run(
         let placement = placement.clone();
         let pods = pods.clone();
         let metrics = metrics.clone();
-        move |cluster: &crate::translate::Cluster| {
-            let t = cluster.translate();
+        let registry = registry.clone();
+        move |cluster: &Arc<crate::translate::Cluster>| {
+            // Registration looks groups, pods and declared entries up in the latest objects;
+            // the served workloads are those objects plus the registered entries.
+            registry.set_cluster(cluster.clone());
+            let mut merge_warnings = Vec::new();
+            let mut t = registry.merge(cluster, &mut merge_warnings).translate();
+            t.warnings.extend(merge_warnings);
             for w in &t.warnings {
                 tracing::warn!(warning = %w, "translation");
             }
@@ -285,10 +301,17 @@ pub async fn run(
             );
         }
     };
-    publish(&clusters.borrow_and_update());
+    let first = clusters.borrow_and_update().clone();
+    publish(&first);
+    let mut registrations = registry.subscribe();
     let updater = tokio::spawn(async move {
-        while clusters.changed().await.is_ok() {
+        loop {
+            tokio::select! {
+                c = clusters.changed() => if c.is_err() { break },
+                r = registrations.changed() => if r.is_err() { break },
+            }
             let cluster = clusters.borrow_and_update().clone();
+            registrations.borrow_and_update();
             publish(&cluster);
         }
     });

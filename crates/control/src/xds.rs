@@ -13,15 +13,20 @@
 //! Streams are driven by tonic itself (the response stream is the protocol loop, no spawned
 //! task): a client that goes away drops its stream, and [`XdsServer::shutdown`] ends every
 //! open stream with `UNAVAILABLE` so a graceful server shutdown is not held up by them.
+//!
+//! A [`ConnectHook`] (auto-registration) sees the first request that carries a `Node`; it may
+//! refuse the stream or hold a guard that is dropped when the stream ends.
 
 pub mod auth;
 mod session;
 pub mod snapshot;
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use ambit_proto::core::Node;
 use ambit_proto::discovery::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -39,9 +44,29 @@ use crate::grpc::PeerInfo;
 /// Largest request the server decodes (spec §4.1: 200 MiB, same as the client).
 pub const MAX_MESSAGE_SIZE: usize = 200 * 1024 * 1024;
 
+/// A stream that has presented its node: who it is, what it says, where it comes from.
+#[derive(Debug, Clone, Copy)]
+pub struct Connection<'a> {
+    pub peer: &'a XdsPeer,
+    pub node: &'a Node,
+    /// The TCP peer, when the transport knows it.
+    pub remote: Option<SocketAddr>,
+}
+
+/// Something held for as long as a stream is open (dropped when it ends, however it ends).
+pub type ConnectionGuard = Box<dyn std::any::Any + Send>;
+
+/// Called once per stream, on the first request that carries a `Node`.
+pub trait ConnectHook: Send + Sync + 'static {
+    /// `Ok(Some(guard))`: keep `guard` for the stream's life; `Ok(None)`: nothing to keep;
+    /// `Err(status)`: end the stream with `status` (fail closed).
+    fn connect(&self, conn: Connection<'_>) -> Result<Option<ConnectionGuard>, Status>;
+}
+
 struct Inner {
     snapshot: watch::Sender<Arc<Snapshot>>,
     authorizer: Arc<dyn XdsAuthorizer>,
+    connect_hook: Option<Arc<dyn ConnectHook>>,
     next_nonce: AtomicU64,
     next_version: AtomicU64,
     shutdown: watch::Sender<bool>,
@@ -65,10 +90,26 @@ impl std::fmt::Debug for XdsServer {
 impl XdsServer {
     /// A server with an empty snapshot.
     pub fn new(authorizer: Arc<dyn XdsAuthorizer>) -> Self {
+        Self::build(authorizer, None)
+    }
+
+    /// A server with an empty snapshot that asks `hook` about every stream's node.
+    pub fn with_connect_hook(
+        authorizer: Arc<dyn XdsAuthorizer>,
+        hook: Arc<dyn ConnectHook>,
+    ) -> Self {
+        Self::build(authorizer, Some(hook))
+    }
+
+    fn build(
+        authorizer: Arc<dyn XdsAuthorizer>,
+        connect_hook: Option<Arc<dyn ConnectHook>>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 snapshot: watch::channel(Arc::new(Snapshot::new())).0,
                 authorizer,
+                connect_hook,
                 next_nonce: AtomicU64::new(1),
                 next_version: AtomicU64::new(1),
                 shutdown: watch::channel(false).0,
@@ -125,7 +166,12 @@ struct StreamState {
     shutdown: watch::Receiver<bool>,
     current: Arc<Snapshot>,
     session: Session,
-    peer: String,
+    peer: XdsPeer,
+    remote: Option<SocketAddr>,
+    /// Whether a request with a node has been seen (the hook runs once).
+    node_seen: bool,
+    /// The hook's guard, dropped with the stream.
+    _guard: Option<ConnectionGuard>,
     done: bool,
 }
 
@@ -150,7 +196,7 @@ impl StreamState {
                 .next_response(&self.current, &mut || server.nonce())
             {
                 tracing::debug!(
-                    peer = %self.peer,
+                    peer = %self.peer.name,
                     type_url = %resp.type_url,
                     nonce = %resp.nonce,
                     resources = resp.resources.len(),
@@ -174,15 +220,19 @@ impl StreamState {
             };
             match event {
                 Event::Request(req) => {
+                    if let Err(status) = self.on_node(&req) {
+                        self.done = true;
+                        return Some((Err(status), self));
+                    }
                     let type_url = req.type_url.clone();
                     let nonce = req.response_nonce.clone();
                     match self.session.handle_request(*req) {
                         Ok(Answer::Nack(message)) => tracing::warn!(
-                            peer = %self.peer, %type_url, %nonce, error = %message,
+                            peer = %self.peer.name, %type_url, %nonce, error = %message,
                             "xDS client rejected a response (NACK)"
                         ),
                         Ok(Answer::Stale) => tracing::debug!(
-                            peer = %self.peer, %type_url, %nonce, "answer to an old nonce ignored"
+                            peer = %self.peer.name, %type_url, %nonce, "answer to an old nonce ignored"
                         ),
                         Ok(Answer::Ack | Answer::None) => {}
                         Err(e) => {
@@ -196,17 +246,45 @@ impl StreamState {
                     self.session.snapshot_changed();
                 }
                 Event::Closed => {
-                    tracing::debug!(peer = %self.peer, "xDS stream closed by the client");
+                    tracing::debug!(peer = %self.peer.name, "xDS stream closed by the client");
                     return None;
                 }
                 Event::Failed(error) => {
-                    tracing::debug!(peer = %self.peer, %error, "xDS stream broke");
+                    tracing::debug!(peer = %self.peer.name, %error, "xDS stream broke");
                     return None;
                 }
                 Event::Shutdown => {
                     self.done = true;
                     return Some((Err(Status::unavailable("xDS server shutting down")), self));
                 }
+            }
+        }
+    }
+}
+
+impl StreamState {
+    /// Runs the connect hook on the first request that carries a node.
+    fn on_node(&mut self, req: &DeltaDiscoveryRequest) -> Result<(), Status> {
+        let (false, Some(node)) = (self.node_seen, req.node.as_ref()) else {
+            return Ok(());
+        };
+        self.node_seen = true;
+        let Some(hook) = self.server.inner.connect_hook.clone() else {
+            return Ok(());
+        };
+        let conn = Connection {
+            peer: &self.peer,
+            node,
+            remote: self.remote,
+        };
+        match hook.connect(conn) {
+            Ok(guard) => {
+                self._guard = guard;
+                Ok(())
+            }
+            Err(status) => {
+                tracing::warn!(peer = %self.peer.name, node = %node.id, error = %status.message(), "xDS stream refused");
+                Err(status)
             }
         }
     }
@@ -237,6 +315,7 @@ impl AggregatedDiscoveryService for XdsServer {
                 .get::<PeerInfo>()
                 .and_then(|p| p.remote),
         };
+        let remote = credentials.remote;
         let Some(peer) = self.inner.authorizer.authenticate(credentials).await else {
             tracing::info!(remote = ?credentials.remote, "xDS stream refused: not authenticated");
             return Err(Status::unauthenticated("missing or unknown bearer token"));
@@ -251,7 +330,10 @@ impl AggregatedDiscoveryService for XdsServer {
             shutdown: self.inner.shutdown.subscribe(),
             current,
             session: Session::new(),
-            peer: peer.name,
+            peer,
+            remote,
+            node_seen: false,
+            _guard: None,
             done: false,
         };
         let stream = futures_util::stream::unfold(state, StreamState::next);

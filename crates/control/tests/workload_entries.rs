@@ -77,6 +77,10 @@ fn entry_rules() {
         ("HBONE when redirection is enabled",
             entry(", annotations: {ambient.istio.io/redirection: enabled}", "", ""),
             |w| format!("{:?}", w.protocol), "Hbone"),
+        ("HBONE with the tunnel label (auto-registered VMs)",
+            entry("", ", labels: {app: foo, networking.istio.io/tunnel: http}", ""),
+            |w| format!("{:?}", w.protocol), "Hbone"),
+        ("plain TCP without either", entry("", "", ""), |w| format!("{:?}", w.protocol), "None"),
     ];
     for (case, yaml, field, want) in cases {
         let t = translate(yaml);

@@ -104,12 +104,7 @@ struct ControlPlane {
 
 impl ControlPlane {
     async fn start(ca: &LocalCa, addr: SocketAddr, snapshot: Snapshot) -> Self {
-        let tokens = HashMap::from([(
-            TOKEN.to_string(),
-            XdsPeer {
-                name: "node1".into(),
-            },
-        )]);
+        let tokens = HashMap::from([(TOKEN.to_string(), XdsPeer::named("node1"))]);
         let xds = XdsServer::new(Arc::new(TokenAuthorizer::new(tokens)));
         xds.update(snapshot);
         let cert = ca

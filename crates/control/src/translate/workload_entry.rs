@@ -11,9 +11,11 @@
 //! - network, locality (`region/zone/subzone`) and weight (as capacity) from the spec;
 //! - workload name: label `service.istio.io/workload-name`, else the auto-registration
 //!   group (annotation `istio.io/autoRegistrationGroup`), else the entry's name; type Pod;
-//! - canonical names, tunnel protocol and health as for pods ([`super::workload`]).
+//! - canonical names, tunnel protocol and health as for pods ([`super::workload`]); also
+//!   HBONE with istiod's label `networking.istio.io/tunnel: http` (auto-registration sets it
+//!   for a VM running ztunnel).
 
-use ambit_model::workload::{Locality, Workload, WorkloadType};
+use ambit_model::workload::{Locality, TunnelProtocol, Workload, WorkloadType};
 use ambit_model::{Authorization, WorkloadUid};
 
 use super::Cluster;
@@ -113,6 +115,13 @@ pub fn entry_workload(
     }
     w.workload_name = workload_name;
     w.workload_type = WorkloadType::Pod;
+    if labels
+        .get(crate::autoregister::TUNNEL_LABEL)
+        .map(String::as_str)
+        == Some(crate::autoregister::TUNNEL_HTTP)
+    {
+        w.protocol = TunnelProtocol::Hbone;
+    }
     w.network = entry.spec.network.clone();
     let mut parts = entry.spec.locality.splitn(3, '/').map(str::to_string);
     w.locality = Locality {

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
+use ambit_model::SpiffeId;
 use futures_util::future::BoxFuture;
 
 use crate::ca::{CaAuthorizer, Caller, StaticAuthorizer};
@@ -23,10 +24,23 @@ pub struct Credentials<'a> {
     pub remote: Option<SocketAddr>,
 }
 
-/// An authenticated xDS client, for logs.
+/// An authenticated xDS client: a name for logs, and the workload identity its credentials
+/// prove (none for a node proxy or an unauthenticated development peer). Auto-registration
+/// ([`crate::autoregister`]) trusts only `identity`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XdsPeer {
     pub name: String,
+    pub identity: Option<SpiffeId>,
+}
+
+impl XdsPeer {
+    /// A peer known by name only (no workload identity).
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            identity: None,
+        }
+    }
 }
 
 /// Decides whether a stream may be served.
@@ -66,11 +80,13 @@ impl XdsAuthorizer for TokenAuthorizer {
 }
 
 fn peer_of(caller: Caller) -> XdsPeer {
-    let name = match caller {
-        Caller::NodeProxy { node } => format!("node proxy {node}"),
-        Caller::Workload(id) => id.to_string(),
-    };
-    XdsPeer { name }
+    match caller {
+        Caller::NodeProxy { node } => XdsPeer::named(format!("node proxy {node}")),
+        Caller::Workload(id) => XdsPeer {
+            name: id.to_string(),
+            identity: Some(id),
+        },
+    }
 }
 
 /// The CA's token table serves xDS too: one token per node proxy or workload.
@@ -100,10 +116,10 @@ pub struct AllowAll;
 
 impl XdsAuthorizer for AllowAll {
     fn authenticate<'a>(&'a self, credentials: Credentials<'a>) -> BoxFuture<'a, Option<XdsPeer>> {
-        Box::pin(std::future::ready(Some(XdsPeer {
-            name: credentials
+        Box::pin(std::future::ready(Some(XdsPeer::named(
+            credentials
                 .remote
                 .map_or_else(|| "unknown".to_string(), |r| r.to_string()),
-        })))
+        ))))
     }
 }
