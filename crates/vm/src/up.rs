@@ -124,6 +124,9 @@ pub struct ControlPlane {
     pub addr: SocketAddr,
     /// The name its certificate is checked against, when the bundle gave a name.
     pub hostname: Option<String>,
+    /// This host's address on the connection to it: the VM's address when the bundle
+    /// declares none (`ISTIO_SVC_IP`), so auto-registration and ztunnel agree on it.
+    pub local: Option<IpAddr>,
 }
 
 /// Resolves and checks the bundle's control plane (step 2).
@@ -156,7 +159,7 @@ pub fn preflight(b: &Bundle) -> Result<ControlPlane, UpError> {
         }
     };
     let addr = SocketAddr::new(ip, port);
-    TcpStream::connect_timeout(&addr, CA_CONNECT_TIMEOUT).map_err(|reason| {
+    let probe = TcpStream::connect_timeout(&addr, CA_CONNECT_TIMEOUT).map_err(|reason| {
         UpError::Unreachable {
             source_key: b.ca_address_key.clone(),
             address: b.ca_address.clone(),
@@ -164,7 +167,16 @@ pub fn preflight(b: &Bundle) -> Result<ControlPlane, UpError> {
             reason,
         }
     })?;
-    Ok(ControlPlane { addr, hostname })
+    let local = probe
+        .local_addr()
+        .ok()
+        .map(|a| a.ip().to_canonical())
+        .filter(|ip| !ip.is_unspecified());
+    Ok(ControlPlane {
+        addr,
+        hostname,
+        local,
+    })
 }
 
 /// ztunnel's environment for the bundle's workload (dedicated mode).
@@ -214,7 +226,9 @@ pub fn ztunnel_env(b: &Bundle, cp: &ControlPlane) -> Vec<(String, String)> {
     set("ENABLE_ORIG_SRC", "false".into());
     set("CLUSTER_ID", b.cluster_id.clone());
     set("NETWORK", b.network.clone());
-    if let Some(ip) = b.instance_ip {
+    // The VM's address: the bundle's, else the one it reaches the control plane from (what
+    // ztunnel sends as INSTANCE_IPS, and so what an auto-registered entry gets).
+    if let Some(ip) = b.instance_ip.or(cp.local) {
         set("INSTANCE_IP", ip.to_string());
     }
     let dns = b.redirect.as_ref().map_or_else(

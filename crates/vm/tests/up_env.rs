@@ -19,6 +19,7 @@ fn bundle_becomes_a_dedicated_ztunnel() {
     let cp = ControlPlane {
         addr: "127.0.0.1:15012".parse().unwrap(),
         hostname: Some("istiod.istio-system.svc".into()),
+        local: Some("10.9.0.7".parse().unwrap()),
     };
     let env = ztunnel_env(&b, &cp);
     let map: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -40,6 +41,9 @@ fn bundle_becomes_a_dedicated_ztunnel() {
         ("TRUST_DOMAIN", "cluster.local"),
         ("CLUSTER_ID", "Kubernetes"),
         ("ISTIO_META_DNS_CAPTURE", "true"),
+        // No ISTIO_SVC_IP: the address the VM reaches the control plane from.
+        ("INSTANCE_IP", "10.9.0.7"),
+        ("ISTIO_METAJSON_LABELS", r#"{"app":"foo"}"#),
     ];
     for (k, v) in want {
         assert_eq!(map.get(k), Some(v), "{k}");
@@ -50,4 +54,9 @@ fn bundle_becomes_a_dedicated_ztunnel() {
         .unwrap_or_else(|e| panic!("ztunnel refuses vm up's environment: {e}"));
     assert_eq!(cfg.packet_mark, Some(1337));
     assert!(cfg.proxy_workload_info.is_some());
+    // The labels reach ztunnel's xDS node metadata as a structured LABELS (auto-registration).
+    assert_eq!(
+        cfg.proxy_metadata_json.get("LABELS"),
+        Some(&serde_json::json!({"app": "foo"}))
+    );
 }
