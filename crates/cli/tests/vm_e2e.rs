@@ -67,13 +67,9 @@ impl VmMesh {
         let mut y = String::from(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  labels: {istio.io/dataplane-mode: ambient}\n",
         );
-        // The VM's workload as the control plane knows it (no WorkloadEntry kind yet): its
-        // address, labels and service account, HBONE-capable.
-        for (name, sa, app) in PODS
-            .iter()
-            .map(|p| (*p, *p, *p))
-            .chain([("vm", "vm-sa", "vm")])
-        {
+        // The VM is not declared: its ztunnel auto-registers it from this group.
+        y += &format!("---\n{}", workload_group());
+        for (name, sa, app) in PODS.iter().map(|p| (*p, *p, *p)) {
             let pod = self.topo.pod(name);
             y += &format!(
                 "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{app: {app}}}\n  annotations: {{ambient.istio.io/redirection: enabled}}\nspec:\n  nodeName: {node}\n  serviceAccountName: {sa}\n  containers: [{{name: app, image: x, ports: [{{name: http, containerPort: {APP_PORT}}}]}}]\nstatus:\n  podIP: {ip}\n",
@@ -192,11 +188,7 @@ impl VmMesh {
     /// `ambit vm configure` for the VM's WorkloadGroup into `bundle/`.
     fn configure(&self) {
         let wg = self.path("workloadgroup.yaml");
-        std::fs::write(
-            &wg,
-            "apiVersion: networking.istio.io/v1\nkind: WorkloadGroup\nmetadata: {name: vm, namespace: default}\nspec:\n  metadata: {labels: {app: vm}}\n  template: {serviceAccount: vm-sa}\n",
-        )
-        .unwrap();
+        std::fs::write(&wg, workload_group()).unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_ambit"))
             .args(["vm", "configure", "-f"])
             .arg(&wg)
@@ -210,6 +202,7 @@ impl VmMesh {
             .arg(self.path("state/root-cert.pem"))
             .arg("--tokens")
             .arg(self.path("tokens.yaml"))
+            .arg("--autoregister")
             // The test's VM does not capture DNS (no resolver inside the namespace).
             .arg("--capture-dns=false")
             .output()
@@ -400,6 +393,14 @@ impl VmMesh {
             .map(|p| format!("== {}\n{}", p.log.display(), p.log_text()))
             .collect()
     }
+}
+
+/// The VM's WorkloadGroup: `vm configure` reads it, and `ambit control` registers the VM from
+/// it when the VM's ztunnel connects.
+fn workload_group() -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: WorkloadGroup\nmetadata: {{name: vm, namespace: default}}\nspec:\n  metadata: {{labels: {{app: vm}}}}\n  template: {{serviceAccount: vm-sa, ports: {{http: {APP_PORT}}}}}\n"
+    )
 }
 
 const DENY_AT_VM: &str = "---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: vm-deny, namespace: default}\nspec:\n  selector: {matchLabels: {app: vm}}\n  action: DENY\n  rules: [{from: [{source: {principals: [cluster.local/ns/default/sa/denied]}}]}]\n";

@@ -200,12 +200,16 @@ pub fn ztunnel_env(b: &Bundle, cp: &ControlPlane) -> Vec<(String, String)> {
         env.push((k.to_owned(), v));
     };
     set("PROXY_MODE", "dedicated".into());
+    // An auto-registering VM is the WorkloadEntry the control plane names after the group and
+    // the VM's address; ztunnel finds its own workload by that name.
+    let instance_ip = b.instance_ip.or(cp.local);
+    let name = match (&b.auto_register_group, instance_ip) {
+        (Some(group), Some(ip)) => autoregistered_name(group, ip, &b.network),
+        _ => b.workload_name.clone(),
+    };
     set(
         "PROXY_WORKLOAD_INFO",
-        format!(
-            "{}/{}/{}",
-            id.namespace, b.workload_name, id.service_account
-        ),
+        format!("{}/{name}/{}", id.namespace, id.service_account),
     );
     set("POD_NAMESPACE", id.namespace.clone());
     set("SERVICE_ACCOUNT", id.service_account.clone());
@@ -228,7 +232,7 @@ pub fn ztunnel_env(b: &Bundle, cp: &ControlPlane) -> Vec<(String, String)> {
     set("NETWORK", b.network.clone());
     // The VM's address: the bundle's, else the one it reaches the control plane from (what
     // ztunnel sends as INSTANCE_IPS, and so what an auto-registered entry gets).
-    if let Some(ip) = b.instance_ip.or(cp.local) {
+    if let Some(ip) = instance_ip {
         set("INSTANCE_IP", ip.to_string());
     }
     let dns = b.redirect.as_ref().map_or_else(
@@ -242,6 +246,20 @@ pub fn ztunnel_env(b: &Bundle, cp: &ControlPlane) -> Vec<(String, String)> {
     set("ISTIO_META_DNS_CAPTURE", dns.to_string());
     set("IPV6_ENABLED", kernel_has_ipv6().to_string());
     env
+}
+
+/// The name `ambit control` (like istiod) gives an auto-registered WorkloadEntry:
+/// `<group>-<address, ':' as '-'>[-<network>]`, its last 253 characters.
+pub fn autoregistered_name(group: &str, ip: IpAddr, network: &str) -> String {
+    let mut name = format!("{group}-{}", ip.to_string().replace(':', "-"));
+    if !network.is_empty() {
+        name.push('-');
+        name.push_str(network);
+    }
+    match name.len().checked_sub(253) {
+        Some(cut) if cut > 0 && name.is_char_boundary(cut) => name[cut..].to_string(),
+        _ => name,
+    }
 }
 
 fn kernel_has_ipv6() -> bool {

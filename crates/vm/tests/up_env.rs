@@ -60,3 +60,45 @@ fn bundle_becomes_a_dedicated_ztunnel() {
         Some(&serde_json::json!({"app": "foo"}))
     );
 }
+
+#[test]
+fn an_auto_registering_vm_is_its_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "declared address",
+            "ISTIO_SVC_IP='10.1.0.5'\n",
+            "bar/vm-10.1.0.5/vm-sa",
+        ),
+        ("the connection's address", "", "bar/vm-10.9.0.7/vm-sa"),
+        (
+            "network appended",
+            // ISTIO_META_NETWORK is already in the bundle (empty): set it in place below.
+            "ISTIO_SVC_IP='fd00::5'\n",
+            "bar/vm-fd00--5-n1/vm-sa",
+        ),
+    ];
+    for (what, extra, want) in cases {
+        let extra = format!("ISTIO_META_AUTO_REGISTER_GROUP='vm'\n{extra}");
+        bundle_dir::write_bundle(dir.path(), "istiod.istio-system.svc:15012", &extra);
+        let network = if what.contains("network") { "n1" } else { "" };
+        let env_file = dir.path().join("cluster.env");
+        let text = std::fs::read_to_string(&env_file).unwrap().replace(
+            "ISTIO_META_NETWORK=''",
+            &format!("ISTIO_META_NETWORK='{network}'"),
+        );
+        std::fs::write(&env_file, text).unwrap();
+        let b = Bundle::load(dir.path()).unwrap();
+        let cp = ControlPlane {
+            addr: "127.0.0.1:15012".parse().unwrap(),
+            hostname: None,
+            local: Some("10.9.0.7".parse().unwrap()),
+        };
+        let env = ztunnel_env(&b, &cp);
+        let info = env
+            .iter()
+            .find(|(k, _)| k == "PROXY_WORKLOAD_INFO")
+            .unwrap();
+        assert_eq!(info.1, *want, "{what}");
+    }
+}
