@@ -15,6 +15,7 @@
 pub(crate) mod conntrack;
 pub(crate) mod nft;
 pub(crate) mod rtnl;
+mod sock_diag;
 mod socket;
 pub mod watch;
 

@@ -15,11 +15,16 @@
 //!   (from or to the probe SNAT address).
 //! - Protocols the rules never capture: everything but TCP, and UDP other than DNS.
 //!
-//! Not told apart: ztunnel's own outbound connections that are not HBONE (passthrough to a
-//! destination outside the mesh, TCP DNS upstream) carry the socket mark but no connmark,
-//! and conntrack does not record socket marks; their entries are deleted too. The next
-//! ztunnel packet re-creates the entry unredirected (its mark skips nat); only when the
-//! peer's packet comes first is the connection reset.
+//! - ztunnel's own TCP that is not HBONE (passthrough to a destination outside the mesh,
+//!   TCP DNS upstream): it carries the socket mark but no connmark, and conntrack does not
+//!   record socket marks, so those entries are told apart by their sockets: after the
+//!   conntrack dump, the namespace's TCP sockets are read with their marks
+//!   (`super::sock_diag`), and an entry whose ends are a socket marked
+//!   [`marks::INPOD_MARK`] is kept. Read in that order, a ztunnel flow in the dump whose
+//!   socket still exists is always found; one whose socket closed meanwhile is deleted,
+//!   which costs nothing. When the sockets cannot be read, every candidate is deleted (the
+//!   stricter answer: ztunnel's next packet re-creates its entry unredirected, its mark
+//!   skips nat; only when the peer's packet comes first is that connection reset).
 
 use std::net::IpAddr;
 
@@ -34,6 +39,7 @@ use netlink_packet_netfilter::{
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::KernelError;
+use super::sock_diag::{self, TcpSocket};
 use super::socket::Netlink;
 
 /// Entries one pod's dump may hold; a larger table is refused (the caller logs it) rather
@@ -184,16 +190,54 @@ pub(crate) fn delete(nl: &mut Netlink, e: &Entry) -> Result<(), KernelError> {
     }
 }
 
-/// Deletes, in the calling thread's namespace, every entry that [`Entry::bypassed`]; the
-/// number deleted.
+impl Entry {
+    /// Whether one of `ztunnel`'s sockets is an end of this entry's flow.
+    fn owned_by(&self, ztunnel: &[TcpSocket]) -> bool {
+        let (Some(src), Some(dst), Some(sport), Some(dport)) =
+            (self.src, self.dst, self.sport, self.dport)
+        else {
+            return false;
+        };
+        let (a, b) = ((src.to_canonical(), sport), (dst.to_canonical(), dport));
+        self.proto == IPPROTO_TCP
+            && ztunnel
+                .iter()
+                .any(|s| (s.local, s.remote) == (a, b) || (s.local, s.remote) == (b, a))
+    }
+}
+
+/// The sockets carrying ztunnel's mark.
+fn ztunnel_sockets(all: Vec<TcpSocket>) -> Vec<TcpSocket> {
+    all.into_iter()
+        .filter(|s| {
+            s.mark
+                .is_some_and(|m| m & marks::INPOD_MASK == marks::INPOD_MARK)
+        })
+        .collect()
+}
+
+/// Deletes, in the calling thread's namespace, every entry that [`Entry::bypassed`] and is
+/// not ztunnel's own flow (module docs); the number deleted.
 pub(crate) fn flush_bypassed(probe_snat: &[IpAddr]) -> Result<usize, KernelError> {
     let mut nl = Netlink::open(NETLINK_NETFILTER)?;
-    let mut n = 0;
-    for e in entries(&mut nl)? {
-        if e.bypassed(probe_snat) {
-            delete(&mut nl, &e)?;
-            n += 1;
+    let candidates: Vec<Entry> = entries(&mut nl)?
+        .into_iter()
+        .filter(|e| e.bypassed(probe_snat))
+        .collect();
+    if candidates.is_empty() {
+        return Ok(0);
+    }
+    let ztunnel = match sock_diag::tcp_sockets() {
+        Ok(all) => ztunnel_sockets(all),
+        Err(e) => {
+            tracing::debug!(error = %e, "sockets unreadable: ztunnel's own flows are not told apart");
+            Vec::new()
         }
+    };
+    let mut n = 0;
+    for e in candidates.iter().filter(|e| !e.owned_by(&ztunnel)) {
+        delete(&mut nl, e)?;
+        n += 1;
     }
     Ok(n)
 }
@@ -301,5 +345,48 @@ mod tests {
         for (name, e, want) in cases {
             assert_eq!(e.bypassed(&[snat]), want, "{name}: {e:?}");
         }
+    }
+
+    #[test]
+    fn ztunnels_marked_sockets_own_their_flows() {
+        let sock = |mark: Option<u32>, local: &str, remote: &str| TcpSocket {
+            local: (local.parse().unwrap(), 40000),
+            remote: (remote.parse().unwrap(), 8443),
+            mark,
+        };
+        let out = entry(IPPROTO_TCP, "10.0.0.5", "10.0.1.9", 40000, 8443);
+        let cases = [
+            (
+                "marked, same direction",
+                sock(Some(0x539), "10.0.0.5", "10.0.1.9"),
+                true,
+            ),
+            (
+                "marked under other bits",
+                sock(Some(0xa539), "10.0.0.5", "10.0.1.9"),
+                true,
+            ),
+            ("unmarked", sock(Some(0), "10.0.0.5", "10.0.1.9"), false),
+            (
+                "mark not reported",
+                sock(None, "10.0.0.5", "10.0.1.9"),
+                false,
+            ),
+            (
+                "other flow",
+                sock(Some(0x539), "10.0.0.6", "10.0.1.9"),
+                false,
+            ),
+        ];
+        for (name, s, want) in cases {
+            assert_eq!(out.owned_by(&ztunnel_sockets(vec![s])), want, "{name}");
+        }
+        // The socket seen from the other end of the entry (an accepted connection).
+        let inbound = entry(IPPROTO_TCP, "10.0.1.9", "10.0.0.5", 8443, 40000);
+        let s = sock(Some(0x539), "10.0.0.5", "10.0.1.9");
+        assert!(inbound.owned_by(&ztunnel_sockets(vec![s])));
+        // UDP is never a TCP socket's flow.
+        let udp = entry(IPPROTO_UDP, "10.0.0.5", "10.0.1.9", 40000, 8443);
+        assert!(!udp.owned_by(&ztunnel_sockets(vec![s])));
     }
 }

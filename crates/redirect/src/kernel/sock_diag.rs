@@ -1,0 +1,192 @@
+//! The TCP sockets of the calling thread's namespace and their socket marks (`sock_diag`,
+//! `NETLINK_SOCK_DIAG`), so the conntrack cleanup can tell ztunnel's own flows (its sockets
+//! carry [`ambit_contract::marks::INPOD_MARK`]) from the app's: conntrack does not record
+//! socket marks.
+//!
+//! The request and reply are fixed C structs (`struct inet_diag_req_v2`,
+//! `struct inet_diag_msg` in `linux/inet_diag.h`) followed, in the reply, by attributes; the
+//! kernel adds `INET_DIAG_MARK` for a caller with `CAP_NET_ADMIN` in the namespace. No crate
+//! of the rust-netlink family the workspace uses encodes `sock_diag`, so the two structs are
+//! written here (about forty lines), on top of the same bounded [`Netlink`] dump.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use netlink_packet_core::{NetlinkDeserializable, NetlinkHeader, NetlinkSerializable};
+use netlink_sys::protocols::NETLINK_SOCK_DIAG;
+
+use super::KernelError;
+use super::socket::Netlink;
+
+/// `SOCK_DIAG_BY_FAMILY`.
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+/// `AF_INET`, `AF_INET6`, `IPPROTO_TCP`.
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+const IPPROTO_TCP: u8 = 6;
+/// Every TCP state but `TCP_LISTEN` (10): a listener is no flow.
+const STATES: u32 = 0xfff & !(1 << 10);
+/// `INET_DIAG_MARK`.
+const INET_DIAG_MARK: u16 = 15;
+/// `sizeof(struct inet_diag_req_v2)`, `sizeof(struct inet_diag_msg)`.
+const REQ_LEN: usize = 56;
+const MSG_LEN: usize = 72;
+/// Sockets one namespace's dump may hold (as many as conntrack entries the cleanup reads).
+const MAX_SOCKETS: usize = 1 << 16;
+
+/// One TCP socket: its local and remote ends and its mark (`None`: not reported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TcpSocket {
+    pub(crate) local: (IpAddr, u16),
+    pub(crate) remote: (IpAddr, u16),
+    pub(crate) mark: Option<u32>,
+}
+
+/// One `sock_diag` message: the request (`struct inet_diag_req_v2` for every TCP socket of
+/// one family) or a decoded reply (`struct inet_diag_msg` and its mark attribute).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Diag {
+    Request { family: u8 },
+    Reply(Option<TcpSocket>),
+}
+
+impl NetlinkSerializable for Diag {
+    fn message_type(&self) -> u16 {
+        SOCK_DIAG_BY_FAMILY
+    }
+    fn buffer_len(&self) -> usize {
+        match self {
+            Self::Request { .. } => REQ_LEN,
+            Self::Reply(_) => 0,
+        }
+    }
+    fn serialize(&self, buf: &mut [u8]) {
+        if let Self::Request { family } = self {
+            buf.fill(0);
+            buf[0] = *family;
+            buf[1] = IPPROTO_TCP;
+            buf[4..8].copy_from_slice(&STATES.to_ne_bytes());
+        }
+    }
+}
+
+/// A reply that does not parse as `struct inet_diag_msg`.
+#[derive(Debug, thiserror::Error)]
+#[error("sock_diag reply of {0} bytes is not an inet_diag_msg")]
+pub(crate) struct Malformed(usize);
+
+fn address(family: u8, b: &[u8]) -> Option<IpAddr> {
+    match family {
+        AF_INET => Some(IpAddr::V4(Ipv4Addr::from(
+            <[u8; 4]>::try_from(&b[..4]).ok()?,
+        ))),
+        AF_INET6 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(b).ok()?))),
+        _ => None,
+    }
+}
+
+impl NetlinkDeserializable for Diag {
+    type Error = Malformed;
+    fn deserialize(header: &NetlinkHeader, p: &[u8]) -> Result<Self, Malformed> {
+        if header.message_type != SOCK_DIAG_BY_FAMILY {
+            return Ok(Diag::Reply(None));
+        }
+        if p.len() < MSG_LEN {
+            return Err(Malformed(p.len()));
+        }
+        // family, state, timer, retrans; then sockid: sport, dport (big-endian), src, dst.
+        let family = p[0];
+        let port = |at: usize| u16::from_be_bytes([p[at], p[at + 1]]);
+        let (Some(src), Some(dst)) = (address(family, &p[8..24]), address(family, &p[24..40]))
+        else {
+            return Ok(Diag::Reply(None));
+        };
+        let mut mark = None;
+        let mut at = MSG_LEN;
+        while at + 4 <= p.len() {
+            let len = usize::from(u16::from_ne_bytes([p[at], p[at + 1]]));
+            let kind = u16::from_ne_bytes([p[at + 2], p[at + 3]]) & 0x3fff;
+            if len < 4 || at + len > p.len() {
+                return Err(Malformed(p.len()));
+            }
+            if kind == INET_DIAG_MARK && len >= 8 {
+                mark = Some(u32::from_ne_bytes([
+                    p[at + 4],
+                    p[at + 5],
+                    p[at + 6],
+                    p[at + 7],
+                ]));
+            }
+            at += len.next_multiple_of(4);
+        }
+        Ok(Diag::Reply(Some(TcpSocket {
+            local: (src.to_canonical(), port(4)),
+            remote: (dst.to_canonical(), port(6)),
+            mark,
+        })))
+    }
+}
+
+/// Every TCP socket (both families, listeners left out) of the calling thread's namespace.
+pub(crate) fn tcp_sockets() -> Result<Vec<TcpSocket>, KernelError> {
+    let mut nl = Netlink::open(NETLINK_SOCK_DIAG)?;
+    let mut out = Vec::new();
+    for family in [AF_INET, AF_INET6] {
+        let replies = nl.dump_max("sock_diag dump", Diag::Request { family }, MAX_SOCKETS)?;
+        out.extend(replies.into_iter().filter_map(|m| match m {
+            Diag::Reply(s) => s,
+            Diag::Request { .. } => None,
+        }));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(family: u8, attrs: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; MSG_LEN];
+        p[0] = family;
+        p[4..6].copy_from_slice(&40000u16.to_be_bytes());
+        p[6..8].copy_from_slice(&8443u16.to_be_bytes());
+        p[8..12].copy_from_slice(&[10, 0, 0, 5]);
+        p[24..28].copy_from_slice(&[10, 0, 1, 9]);
+        p.extend_from_slice(attrs);
+        p
+    }
+
+    fn header() -> NetlinkHeader {
+        let mut h = NetlinkHeader::default();
+        h.message_type = SOCK_DIAG_BY_FAMILY;
+        h
+    }
+
+    #[test]
+    fn decodes_ends_and_mark_and_refuses_short_or_overlong() {
+        let mark = [8, 0, 15, 0, 0x39, 0x05, 0, 0];
+        let got = Diag::deserialize(&header(), &reply(AF_INET, &mark)).unwrap();
+        assert_eq!(
+            got,
+            Diag::Reply(Some(TcpSocket {
+                local: ("10.0.0.5".parse().unwrap(), 40000),
+                remote: ("10.0.1.9".parse().unwrap(), 8443),
+                mark: Some(u32::from_ne_bytes([0x39, 0x05, 0, 0])),
+            }))
+        );
+        let unmarked = Diag::deserialize(&header(), &reply(AF_INET, &[])).unwrap();
+        assert!(matches!(
+            unmarked,
+            Diag::Reply(Some(TcpSocket { mark: None, .. }))
+        ));
+        assert!(Diag::deserialize(&header(), &[0; 10]).is_err());
+        // An attribute claiming more than the message holds.
+        assert!(
+            Diag::deserialize(&header(), &reply(AF_INET, &[40, 0, 15, 0, 0, 0, 0, 0])).is_err()
+        );
+        // An unknown family is skipped, not an error.
+        assert_eq!(
+            Diag::deserialize(&header(), &reply(1, &[])).unwrap(),
+            Diag::Reply(None)
+        );
+    }
+}
