@@ -29,3 +29,6 @@ pub const NFT_NAT_TABLE: &str = "istio-ambient-nat";
 pub const NFT_MANGLE_TABLE: &str = "istio-ambient-mangle";
 /// nft raw-equivalent table.
 pub const NFT_RAW_TABLE: &str = "istio-ambient-raw";
+/// Beyond upstream: the in-pod fail-closed guard, an nft table owned by the agent's socket
+/// (`kernel::guard`).
+pub const NFT_GUARD_TABLE: &str = "ambit-guard";

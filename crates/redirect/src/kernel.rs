@@ -13,6 +13,7 @@
 //! strictness.
 
 pub(crate) mod conntrack;
+pub mod guard;
 pub(crate) mod nft;
 pub(crate) mod rtnl;
 mod sock_diag;

@@ -41,6 +41,7 @@ pub use apply::{ApplyError, ApplyOutcome, Finding, Location, VerifyReport};
 pub use config::{Backend, ConfigError, Family, HostRulesConfig, IfaceName, PodRedirectConfig};
 pub use host::HostRules;
 pub use kernel::KernelError;
+pub use kernel::guard::Guard;
 pub use kernel::watch::{Drained, RulesetWatch};
 pub use pod::{InPod, VerifyMemo};
 pub use probe_set::{ProbeSet, ProbeSetError};

@@ -77,6 +77,76 @@ impl Netlink {
         self.request(what, msg, NLM_F_ACK, MAX_MESSAGES)
     }
 
+    /// Sends `msgs` between `begin` and `end` as one nfnetlink batch in one datagram (the
+    /// kernel commits all or none), each with an ack request and its own extra `flags`;
+    /// returns when every message was acknowledged, or with the first refusal.
+    pub(crate) fn batch<T>(
+        &mut self,
+        what: &'static str,
+        begin: T,
+        msgs: Vec<(T, u16)>,
+        end: T,
+    ) -> Result<(), KernelError>
+    where
+        T: NetlinkSerializable + NetlinkDeserializable + Debug,
+    {
+        let mut out = Vec::new();
+        let framed = std::iter::once((begin, 0))
+            .chain(msgs.into_iter().map(|(m, f)| (m, f | NLM_F_ACK)))
+            .chain(std::iter::once((end, 0)));
+        let mut acks = Vec::new();
+        for (m, flags) in framed {
+            self.seq = self.seq.wrapping_add(1);
+            let mut req =
+                NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(m));
+            req.header.flags = NLM_F_REQUEST | flags;
+            req.header.sequence_number = self.seq;
+            req.finalize();
+            let at = out.len();
+            out.resize(at + req.buffer_len().next_multiple_of(4), 0);
+            req.serialize(&mut out[at..at + req.buffer_len()]);
+            if flags & NLM_F_ACK != 0 {
+                acks.push(self.seq);
+            }
+        }
+        self.sock
+            .send(&out, 0)
+            .map_err(|source| KernelError::Io { what, source })?;
+        let mut pending: std::collections::BTreeSet<u32> = acks.into_iter().collect();
+        while !pending.is_empty() {
+            self.buf.clear();
+            let n = self
+                .sock
+                .recv(&mut self.buf, 0)
+                .map_err(|source| KernelError::Io { what, source })?;
+            if n >= RECV_BUF {
+                return Err(decode(what, "reply filled the receive buffer"));
+            }
+            let mut at = 0;
+            while at < self.buf.len() {
+                let msg = NetlinkMessage::<T>::deserialize(&self.buf[at..])
+                    .map_err(|e| decode(what, e))?;
+                let len = msg.header.length as usize;
+                if len == 0 {
+                    return Err(decode(what, "zero-length message"));
+                }
+                at += len.next_multiple_of(4);
+                if !pending.remove(&msg.header.sequence_number) {
+                    continue;
+                }
+                if let NetlinkPayload::Error(e) = msg.payload
+                    && let Some(code) = e.code
+                {
+                    return Err(KernelError::Refused {
+                        what,
+                        code: code.get(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn request<T>(
         &mut self,
         what: &'static str,

@@ -24,6 +24,7 @@ use crate::apply::{ApplyError, Finding, VerifyReport, nftables, xtables};
 use crate::config::{Backend, Family};
 use crate::consts::{NFT_MANGLE_TABLE, NFT_NAT_TABLE, NFT_RAW_TABLE};
 use crate::iptables::{RuleSet, pod_rules};
+use crate::kernel::guard::{Guard, GuardPlan, probe_addresses};
 use crate::kernel::nft::{NftFamily, Ruleset};
 use crate::kernel::rtnl::Routing;
 use crate::kernel::{self, KernelError};
@@ -96,6 +97,22 @@ impl InPod {
             std::net::IpAddr::V6(self.config.probe_snat_v6),
         ];
         kernel::read_in(netns, || kernel::conntrack::flush_bypassed(&snat))
+    }
+
+    /// Installs the pod's fail-closed guard in `netns` (see `kernel::guard`): while the
+    /// returned value lives, TCP leaving the pod by any interface but `lo` that is not
+    /// ztunnel's (or an answer to a kubelet probe) is dropped, whatever happens to the
+    /// redirection rules. `None` in ingress mode (inbound is unredirected by design there,
+    /// so the app answers its peers directly) and with virtual interfaces (traffic forwarded
+    /// for a VM behind them takes paths the guard does not model; not measured).
+    pub fn guard(&self, netns: &NetnsFd) -> Result<Option<Guard>, KernelError> {
+        if self.config.ingress_mode || !self.config.virtual_interfaces.is_empty() {
+            return Ok(None);
+        }
+        let plan = GuardPlan {
+            probe_snat: probe_addresses(self.config.probe_snat_v4, self.config.probe_snat_v6),
+        };
+        Guard::install(netns, &plan).map(Some)
     }
 
     /// [`Self::verify`] with in-process reads: same findings, in the same order; rule
