@@ -10,7 +10,9 @@
 //! `AMBIT_HEALTH_ADDR`, `AMBIT_METRICS_ADDR` (override `MONITORING_PORT`),
 //! `AMBIT_VERIFY_INTERVAL` (verification period, e.g. `10s`, `500ms`; `0` disables the
 //! timer), `AMBIT_WATCH_RULES` (true: re-verify a pod as soon as its nf_tables ruleset
-//! changes; false leaves only the period), `AMBIT_KUBELET_UID` (the nft host rule's `skuid`).
+//! changes; false leaves only the period), `AMBIT_RULE_GUARD` (true: every enrolled pod gets
+//! the fail-closed guard table, `ambit_redirect::Guard`), `AMBIT_KUBELET_UID` (the nft host
+//! rule's `skuid`).
 //!
 //! Installer ([`crate::installer`]; upstream names unless `AMBIT_`): `MOUNTED_CNI_NET_DIR`
 //! (default `<AMBIT_HOST_PREFIX>/etc/cni/net.d`, none without a prefix: step skipped),
@@ -86,6 +88,9 @@ pub struct AgentConfig {
     /// Re-verify a pod when its namespace's nf_tables ruleset changes (netlink
     /// notifications), not only at the next period.
     pub watch_rules: bool,
+    /// Install the fail-closed guard in every enrolled pod (`ambit_redirect::Guard`): TCP
+    /// that would leave the pod around ztunnel is dropped even with the rules flushed.
+    pub rule_guard: bool,
     /// Kubelet UID for the nft host rule.
     pub kubelet_uid: u32,
     /// ZDS timeouts and limits.
@@ -279,6 +284,7 @@ impl AgentConfig {
                 |s| parse_duration(s).map(|d| (!d.is_zero()).then_some(d)),
             ),
             watch_rules: v.bool("AMBIT_WATCH_RULES", true),
+            rule_guard: v.bool("AMBIT_RULE_GUARD", true),
             kubelet_uid: v.parse("AMBIT_KUBELET_UID", 0u32, |s| {
                 s.parse::<u32>().map_err(|_| "expected a numeric uid")
             }),

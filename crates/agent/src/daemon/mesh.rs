@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use ambit_netns::NetnsFd;
-use ambit_redirect::{IfaceName, InPod, PodRedirectConfig, VerifyMemo};
+use ambit_redirect::{Guard, IfaceName, InPod, PodRedirectConfig, VerifyMemo};
 
 use super::aws_eni;
 use super::rules_watch::{self, Verifier, WatchHandle};
@@ -37,6 +37,9 @@ pub(crate) struct Slot {
     pub memo: Arc<Mutex<VerifyMemo>>,
     /// The pod's ruleset-change watcher (`None`: disabled or not available).
     pub _watch: Option<WatchHandle>,
+    /// The pod's fail-closed guard (`None`: disabled, ingress mode, or refused by the
+    /// kernel); dropping it removes the guard table.
+    pub guard: Option<Guard>,
 }
 
 /// Failure of a mesh operation; `retryable` ones are retried by the worker.
@@ -227,8 +230,16 @@ impl<S: PodSource> Core<S> {
             return Err(MeshError::Rules(e));
         }
         let ips: Vec<IpAddr> = ips.iter().map(|ip| ip.to_canonical()).collect();
-        // The old slot's watcher (if any) stops as the slot is replaced.
-        enrolled.remove(&pod.uid);
+        // The old slot's watcher (if any) stops as the slot is replaced; its guard stays
+        // when it guards the same namespace for the same rules (no gap).
+        let kept = enrolled
+            .remove(&pod.uid)
+            .filter(|s| Arc::ptr_eq(&s.netns, &netns) && s.inpod.config == inpod.config)
+            .and_then(|s| s.guard);
+        let guard = match kept {
+            Some(g) => Some(g),
+            None => self.guard_pod(&pod.name, &inpod, &netns).await,
+        };
         let watch = self.watch_rules(&pod.uid, &netns);
         enrolled.insert(
             pod.uid.clone(),
@@ -240,6 +251,7 @@ impl<S: PodSource> Core<S> {
                 acked: false,
                 memo: Arc::default(),
                 _watch: watch,
+                guard,
             },
         );
         // c. ztunnel; failure leaves the rules in place (fail closed) and marks pending.
@@ -386,6 +398,28 @@ impl<S: PodSource> Core<S> {
     pub(crate) async fn verify_all(&self) {
         let unprotected = self.verify_pods(None).await;
         self.metrics.unprotected.set(unprotected);
+    }
+
+    /// Installs an enrolled pod's fail-closed guard (when enabled). A kernel that refuses
+    /// it (no nf_tables, no owned tables before Linux 5.12) leaves the pod with its
+    /// redirection rules as the only barrier, as upstream: logged, not fatal.
+    pub(crate) async fn guard_pod(
+        &self,
+        name: &str,
+        inpod: &InPod,
+        netns: &Arc<NetnsFd>,
+    ) -> Option<Guard> {
+        if !self.cfg.rule_guard {
+            return None;
+        }
+        let (inpod, ns) = (inpod.clone(), netns.clone());
+        match blocking(move || inpod.guard(&ns)).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(pod = name, error = %e, "no fail-closed guard for this pod: its redirection rules are the only barrier");
+                None
+            }
+        }
     }
 
     /// Subscribes to the ruleset changes of an enrolled pod's netns (when enabled).

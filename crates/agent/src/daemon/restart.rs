@@ -198,6 +198,7 @@ impl<S: PodSource> Core<S> {
             }
             report.found.push(pod.uid.clone());
             let watch = self.watch_rules(&pod.uid, &netns);
+            let guard = self.guard_pod(&pod.name, &inpod, &netns).await;
             enrolled.insert(
                 pod.uid.clone(),
                 Slot {
@@ -208,6 +209,7 @@ impl<S: PodSource> Core<S> {
                     acked: true,
                     memo: Arc::default(),
                     _watch: watch,
+                    guard,
                     pod,
                 },
             );

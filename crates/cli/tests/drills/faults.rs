@@ -39,12 +39,6 @@ pub struct Drill {
     pub run: fn(&mut Ctx) -> Injected,
 }
 
-/// Why the rules-flush drills find bypass packets (docs/reliability.md, "Known bypass").
-const KNOWN_FLUSH: &str = "known bypass (docs/reliability.md): the in-pod netfilter rules are \
-                           the only barrier; until the agent restores them (its verification \
-                           pass, every 10 s) pod traffic leaves unproxied, and the conntrack \
-                           entries made meanwhile keep their tuples unredirected after";
-
 /// In the order they run. The mesh asks for 200 s certificates (renewed every 100 s, so a
 /// 30 s outage can never let one lapse); the hand-offs renew every certificate, and the CA
 /// drill comes 75 to 90 s later on a busy machine, so the next renewal is near (when it has
@@ -77,19 +71,19 @@ pub const DRILLS: &[Drill] = &[
     Drill {
         name: "in-pod nat table flushed (client c3)",
         may_fail: true,
-        known: Some(KNOWN_FLUSH),
+        known: None,
         run: flush_nat,
     },
     Drill {
         name: "in-pod mangle table flushed (server a2)",
         may_fail: true,
-        known: Some(KNOWN_FLUSH),
+        known: None,
         run: flush_mangle,
     },
     Drill {
         name: "in-pod ruleset flushed, all tables (server a1)",
         may_fail: true,
-        known: Some(KNOWN_FLUSH),
+        known: None,
         run: flush_all,
     },
     Drill {
@@ -233,9 +227,12 @@ fn flush(ctx: &mut Ctx, pod: &str, commands: &[&[&str]]) -> Injected {
         }
     }
     let gone = before.len() - istio_rules(&netns).len();
+    // The agent's fail-closed guard table is owned by its socket: the flush leaves it.
+    let guard = in_netns(&netns, &["nft", "list", "table", "inet", "ambit-guard"]).is_ok();
     inj.notes.push(format!(
-        "{gone} of {} ambit rules removed in {pod}",
-        before.len()
+        "{gone} of {} ambit rules removed in {pod}, guard table {}",
+        before.len(),
+        if guard { "kept" } else { "absent" }
     ));
     match within(Duration::from_secs(60), || istio_rules(&netns) == before) {
         Some(_) => {
