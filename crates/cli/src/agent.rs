@@ -58,6 +58,11 @@ pub fn run(
 /// at shutdown asks about the agent's DaemonSet, as upstream.
 fn run_kubernetes(cfg: ambit_agent::AgentConfig, env: &[(String, String)]) -> ExitCode {
     use ambit_agent::pods::kube_daemonset::{KubeDaemonSetLookup, daemonset_check};
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    // The Kubernetes client's transport starts its worker on this runtime.
+    let _runtime = rt.enter();
     let source = match ambit_agent::pods::kube::from_environment(env, &cfg.node_name) {
         Ok(s) => s,
         Err(e) => {
@@ -75,9 +80,6 @@ fn run_kubernetes(cfg: ambit_agent::AgentConfig, env: &[(String, String)]) -> Ex
         cfg.node_name.clone(),
     );
     let check = daemonset_check(lookup, cfg.disable_safe_upgrade, owned);
-    let Some(rt) = runtime() else {
-        return ExitCode::FAILURE;
-    };
     exit(rt.block_on(ambit_agent::run_agent_with(cfg, source, check.as_ref())))
 }
 

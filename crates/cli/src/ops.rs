@@ -247,11 +247,15 @@ fn cluster(
     };
     let config = crate::kube_config()
         .map_err(|e| format!("Kubernetes API configuration: {}", error_chain(&e)))?;
-    let client = ambit_kubeapi::Client::new(config).map_err(|e| error_chain(&e))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
+    // The client's transport starts its worker on this runtime.
+    let client = {
+        let _runtime = rt.enter();
+        ambit_kubeapi::Client::new(config).map_err(|e| error_chain(&e))?
+    };
     Ok((client, target, rt))
 }
 

@@ -1,36 +1,27 @@
-//! The HTTP client: HTTP/2 when the server offers it over TLS, else HTTP/1.1; connections are
-//! reused (the one HTTP/2 connection carries every request and watch; up to
-//! [`MAX_IDLE_H1`] idle HTTP/1.1 connections are kept, a watch holds its own); a request that
-//! fails on a reused connection before any answer is retried once on a new one. Bearer-token,
-//! client-certificate and `exec`-plugin auth (a token that the server refuses with 401 is
-//! fetched again and the request retried once), bounded bodies, paged lists, and the verbs
-//! ambit needs:
+//! The client: the transport is a [`kube::Client`] (TLS with aws-lc-rs, hyper-util's
+//! connection pool, bearer tokens, token files re-read as they rotate, client certificates,
+//! `exec` credential plugins); this module adds ambit's bounds (body and line sizes, request
+//! and watch deadlines), typed [`Error`]s, paged lists, and the verbs ambit needs:
 //! [`Client::list`], [`Client::watch`], [`Client::get`], [`Client::merge_patch`] and
 //! [`Client::create`].
 //!
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use ambit_tls::pki_types::ServerName;
-use ambit_tls::tokio_rustls::TlsConnector;
+use ambit_tls::pki_types::CertificateDer;
+use ambit_tls::pki_types::pem::PemObject;
+use base64::Engine as _;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode, header};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use kube::client::Body;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 
 use crate::config::{Auth, ConfigError, KubeConfig, Scheme, ServerUrl};
-use crate::exec::ExecCredential;
 use crate::watch::WatchStream;
 
-/// Idle HTTP/1.1 connections kept for reuse.
-pub const MAX_IDLE_H1: usize = 4;
 /// Most pages one list may take.
 const MAX_PAGES: usize = 10_000;
 
@@ -40,28 +31,15 @@ pub const MERGE_PATCH: &str = "application/merge-patch+json";
 /// A failed request. Every variant names what failed; none carries a catch-all string.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("connecting to the API server {server}")]
-    Connect {
+    /// Connecting, TLS, credentials (token file, plugin) or the HTTP exchange failed.
+    #[error("talking to the API server {server}")]
+    Transport {
         server: String,
         #[source]
-        source: std::io::Error,
+        source: kube::Error,
     },
-    #[error("TLS handshake with the API server {server}")]
-    Tls {
-        server: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("HTTP exchange with the API server")]
-    Http(#[source] hyper::Error),
     #[error("{what} timed out after {after:?}")]
     Timeout { what: &'static str, after: Duration },
-    #[error("reading the bearer token {path}")]
-    Token {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("invalid request {0:?}")]
     InvalidRequest(String),
     #[error("API server answered {status} to {method} {path}: {reason}: {message}")]
@@ -88,8 +66,6 @@ pub enum Error {
     TooLarge { what: &'static str, limit: usize },
     #[error("watch stream silent for {0:?}")]
     Idle(Duration),
-    #[error("getting a token from the credential plugin")]
-    Exec(#[from] crate::exec::ExecError),
 }
 
 impl Error {
@@ -122,8 +98,6 @@ pub struct Limits {
     /// A watch that sends nothing for this long is considered dead (bookmarks and the
     /// server-side timeout keep a healthy one talking).
     pub watch_idle: Duration,
-    /// How long a token read from a file is used before it is read again.
-    pub token_refresh: Duration,
     /// Items asked for per list page (`limit`).
     pub page_size: u32,
 }
@@ -137,7 +111,6 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(60),
             watch_timeout: Duration::from_secs(290),
             watch_idle: Duration::from_secs(350),
-            token_refresh: Duration::from_secs(60),
             page_size: 500,
         }
     }
@@ -159,99 +132,65 @@ pub struct Client {
 
 struct Inner {
     server: ServerUrl,
-    tls: Option<(TlsConnector, ServerName<'static>)>,
-    auth: Auth,
-    token_cache: Mutex<Option<(Instant, String)>>,
-    /// The plugin's credential; the async lock makes concurrent callers wait for one run.
-    exec_cache: tokio::sync::Mutex<Option<ExecCredential>>,
-    pool: Mutex<Pool>,
+    kube: kube::Client,
+    config: kube::Config,
     limits: Limits,
-}
-
-/// Connections kept for reuse.
-#[derive(Default)]
-struct Pool {
-    h2: Option<hyper::client::conn::http2::SendRequest<Full<Bytes>>>,
-    h1: Vec<hyper::client::conn::http1::SendRequest<Full<Bytes>>>,
-    /// Connections opened so far (for tests and logs).
-    opened: u64,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
             .field("server", &self.inner.server.to_string())
-            .field("auth", &self.inner.auth)
             .finish_non_exhaustive()
     }
 }
 
-enum Sender {
-    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
-    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
-}
-
-/// A sender and whether it came from the pool.
-struct Conn {
-    sender: Sender,
-    reused: bool,
-}
-
 impl Client {
+    /// A client for `config`. Must be called inside a Tokio runtime (the transport starts
+    /// its worker task).
     pub fn new(config: KubeConfig) -> Result<Self, ConfigError> {
-        let tls = match config.server.scheme {
-            Scheme::Http => None,
-            Scheme::Https => {
-                let ca = config.ca_pem.as_deref().ok_or_else(|| ConfigError::NoCa {
-                    url: config.server.to_string(),
-                })?;
-                let alt = config.tls_server_name.as_deref();
-                let mut tls = match &config.client_identity {
-                    None => ambit_tls::client_config_for_root(ca, alt),
-                    Some(id) => {
-                        let identity =
-                            ambit_tls::ServerCertificate::from_pem(&id.cert_pem, &id.key_pem)
-                                .map_err(ConfigError::ClientCertificate)?;
-                        ambit_tls::client_config_with_identity(ca, alt, &identity)
-                    }
-                }
-                .map_err(ConfigError::Tls)?;
-                tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-                let name = ServerName::try_from(config.server.host.clone()).map_err(|_| {
-                    ConfigError::Url {
-                        url: config.server.to_string(),
-                        reason: "the host is not a valid DNS name or IP address",
-                    }
-                })?;
-                Some((TlsConnector::from(Arc::new(tls)), name))
-            }
-        };
+        let limits = Limits::default();
+        let kube_config = kube_config(config.clone(), &limits)?;
+        Self::build(config.server, kube_config, limits).map_err(|e| match (e, config.auth) {
+            (ConfigError::Client { source, .. }, Auth::Exec(exec)) => ConfigError::ExecPlugin {
+                command: exec.command,
+                source,
+            },
+            (e, _) => e,
+        })
+    }
+
+    fn build(server: ServerUrl, config: kube::Config, limits: Limits) -> Result<Self, ConfigError> {
+        let kube =
+            kube::Client::try_from(config.clone()).map_err(|source| ConfigError::Client {
+                server: server.to_string(),
+                source,
+            })?;
         Ok(Self {
             inner: Arc::new(Inner {
-                server: config.server,
-                tls,
-                auth: config.auth,
-                token_cache: Mutex::new(None),
-                exec_cache: tokio::sync::Mutex::new(None),
-                pool: Mutex::new(Pool::default()),
-                limits: Limits::default(),
+                server,
+                kube,
+                config,
+                limits,
             }),
         })
     }
 
     /// The same client with other [`Limits`].
     pub fn with_limits(self, limits: Limits) -> Self {
-        let old = &self.inner;
-        Self {
-            inner: Arc::new(Inner {
-                server: old.server.clone(),
-                tls: old.tls.clone(),
-                auth: old.auth.clone(),
-                token_cache: Mutex::new(None),
-                exec_cache: tokio::sync::Mutex::new(None),
-                pool: Mutex::new(Pool::default()),
-                limits,
-            }),
+        let mut config = self.inner.config.clone();
+        config.connect_timeout = Some(limits.connect_timeout);
+        match Self::build(self.inner.server.clone(), config, limits.clone()) {
+            Ok(client) => client,
+            // The same configuration built once already; keep the old transport.
+            Err(_) => Self {
+                inner: Arc::new(Inner {
+                    server: self.inner.server.clone(),
+                    kube: self.inner.kube.clone(),
+                    config: self.inner.config.clone(),
+                    limits,
+                }),
+            },
         }
     }
 
@@ -261,18 +200,6 @@ impl Client {
 
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
-    }
-
-    /// How many connections this client has opened (reuse keeps it low).
-    pub fn connections_opened(&self) -> u64 {
-        self.lock_pool().opened
-    }
-
-    fn lock_pool(&self) -> std::sync::MutexGuard<'_, Pool> {
-        self.inner
-            .pool
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// `GET path[?fieldSelector=…]`: every item and the list's resource version, page by
@@ -429,22 +356,21 @@ impl Client {
                 &limits.watch_timeout.as_secs().to_string(),
             );
         let open = self.exchange(Method::GET, path, &query, None);
-        let (response, _conn) = tokio::time::timeout(limits.request_timeout, open)
+        let response = tokio::time::timeout(limits.request_timeout, open)
             .await
             .map_err(|_| Error::Timeout {
                 what: "opening a watch",
                 after: limits.request_timeout,
             })??;
-        // The connection stays with the stream (HTTP/1.1) or is shared (HTTP/2).
         Ok(WatchStream::new(
             response.into_body(),
+            self.inner.server.to_string(),
             limits.max_line,
             limits.watch_idle,
         ))
     }
 
-    /// A non-watch request: status checked, body read (bounded) within the request timeout;
-    /// the connection goes back to the pool afterwards.
+    /// A non-watch request: status checked, body read (bounded) within the request timeout.
     async fn call(
         &self,
         method: Method,
@@ -454,15 +380,14 @@ impl Client {
     ) -> Result<Bytes, Error> {
         let after = self.inner.limits.request_timeout;
         let exchange = async {
-            let (response, conn) = self.exchange(method, path, query, body).await?;
-            let bytes = read_body(
+            let response = self.exchange(method, path, query, body).await?;
+            read_body(
+                &self.inner.server,
                 response.into_body(),
                 self.inner.limits.max_body,
                 "response body",
             )
-            .await?;
-            self.release(conn);
-            Ok(bytes)
+            .await
         };
         tokio::time::timeout(after, exchange)
             .await
@@ -472,36 +397,50 @@ impl Client {
             })?
     }
 
-    /// Sends a request and checks its status: retried once on a new connection when a reused
-    /// one fails before answering, and once with a fresh token after a 401.
+    /// Sends a request (kube-rs adds the server's address and the credentials) and checks
+    /// its status.
     async fn exchange(
         &self,
         method: Method,
         path: &str,
         query: &Query,
         body: Option<(&'static str, Bytes)>,
-    ) -> Result<(Response<Incoming>, Conn), Error> {
-        let mut refreshed = false;
-        let mut fresh_connection = false;
-        loop {
-            let mut conn = self.conn(fresh_connection).await?;
-            let sent = self
-                .send(&mut conn.sender, method.clone(), path, query, body.clone())
-                .await;
-            let response = match sent {
-                Ok(r) => r,
-                Err(Error::Http(_)) if conn.reused && !fresh_connection => {
-                    fresh_connection = true;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if response.status() == StatusCode::UNAUTHORIZED && !refreshed && self.refreshable() {
-                refreshed = true;
-                self.forget_token().await;
-                continue;
+    ) -> Result<Response<Body>, Error> {
+        if !path.starts_with('/') || path.contains(['?', '#', ' ']) {
+            return Err(Error::InvalidRequest(path.to_string()));
+        }
+        let uri = format!("{path}{}", query.render());
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(&uri)
+            .header(header::ACCEPT, "application/json")
+            .header(
+                header::USER_AGENT,
+                concat!("ambit/", env!("CARGO_PKG_VERSION")),
+            );
+        let body = match body {
+            Some((content_type, bytes)) => {
+                request = request.header(header::CONTENT_TYPE, content_type);
+                Body::from(bytes)
             }
-            return Ok((self.check(method, path, response).await?, conn));
+            None => Body::empty(),
+        };
+        let request = request
+            .body(body)
+            .map_err(|_| Error::InvalidRequest(uri.clone()))?;
+        let response = self
+            .inner
+            .kube
+            .send(request)
+            .await
+            .map_err(|source| self.transport(source))?;
+        self.check(method, path, response).await
+    }
+
+    fn transport(&self, source: kube::Error) -> Error {
+        Error::Transport {
+            server: self.inner.server.to_string(),
+            source,
         }
     }
 
@@ -510,15 +449,20 @@ impl Client {
         &self,
         method: Method,
         path: &str,
-        response: Response<Incoming>,
-    ) -> Result<Response<Incoming>, Error> {
+        response: Response<Body>,
+    ) -> Result<Response<Body>, Error> {
         let status = response.status();
         if status.is_success() {
             return Ok(response);
         }
-        let body = read_body(response.into_body(), 64 << 10, "error body")
-            .await
-            .unwrap_or_default();
+        let body = read_body(
+            &self.inner.server,
+            response.into_body(),
+            64 << 10,
+            "error body",
+        )
+        .await
+        .unwrap_or_default();
         let parsed: Option<StatusObject> = serde_json::from_slice(&body).ok();
         let (reason, message) = match parsed {
             Some(s) => (s.reason, s.message),
@@ -538,252 +482,70 @@ impl Client {
             message,
         })
     }
-
-    async fn send(
-        &self,
-        sender: &mut Sender,
-        method: Method,
-        path: &str,
-        query: &Query,
-        body: Option<(&'static str, Bytes)>,
-    ) -> Result<Response<Incoming>, Error> {
-        if !path.starts_with('/') || path.contains(['?', '#', ' ']) {
-            return Err(Error::InvalidRequest(path.to_string()));
-        }
-        let server = &self.inner.server;
-        let path_and_query = format!("{}{path}{}", server.base_path, query.render());
-        let uri = match sender {
-            Sender::H1(_) => path_and_query,
-            Sender::H2(_) => {
-                let scheme = if self.inner.tls.is_some() {
-                    "https"
-                } else {
-                    "http"
-                };
-                format!("{scheme}://{}{path_and_query}", server.authority())
-            }
-        };
-        let mut request = Request::builder()
-            .method(method)
-            .uri(&uri)
-            .header(header::ACCEPT, "application/json")
-            .header(
-                header::USER_AGENT,
-                concat!("ambit/", env!("CARGO_PKG_VERSION")),
-            );
-        if let Sender::H1(_) = sender {
-            request = request.header(header::HOST, server.authority());
-        }
-        if let Some(token) = self.token().await? {
-            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
-        }
-        let body = match body {
-            Some((content_type, bytes)) => {
-                request = request.header(header::CONTENT_TYPE, content_type);
-                Full::new(bytes)
-            }
-            None => Full::new(Bytes::new()),
-        };
-        let request = request
-            .body(body)
-            .map_err(|_| Error::InvalidRequest(uri.clone()))?;
-        match sender {
-            Sender::H1(s) => {
-                s.ready().await.map_err(Error::Http)?;
-                s.send_request(request).await
-            }
-            Sender::H2(s) => s.send_request(request).await,
-        }
-        .map_err(Error::Http)
-    }
-
-    /// A connection: the shared HTTP/2 one or an idle HTTP/1.1 one when there is one (and
-    /// `fresh` is false), else a new one.
-    async fn conn(&self, fresh: bool) -> Result<Conn, Error> {
-        if !fresh {
-            let mut pool = self.lock_pool();
-            if let Some(h2) = &pool.h2 {
-                if !h2.is_closed() {
-                    return Ok(Conn {
-                        sender: Sender::H2(h2.clone()),
-                        reused: true,
-                    });
-                }
-                pool.h2 = None;
-            }
-            while let Some(h1) = pool.h1.pop() {
-                if h1.is_ready() {
-                    return Ok(Conn {
-                        sender: Sender::H1(h1),
-                        reused: true,
-                    });
-                }
-            }
-        }
-        let sender = self.connect().await?;
-        let mut pool = self.lock_pool();
-        pool.opened += 1;
-        if let Sender::H2(h2) = &sender {
-            pool.h2 = Some(h2.clone());
-        }
-        Ok(Conn {
-            sender,
-            reused: false,
-        })
-    }
-
-    /// Returns an HTTP/1.1 connection whose exchange completed to the pool.
-    fn release(&self, conn: Conn) {
-        if let Sender::H1(h1) = conn.sender
-            && !h1.is_closed()
-        {
-            let mut pool = self.lock_pool();
-            if pool.h1.len() < MAX_IDLE_H1 {
-                pool.h1.push(h1);
-            }
-        }
-    }
-
-    /// Whether a 401 may be cured by getting the token again.
-    fn refreshable(&self) -> bool {
-        matches!(self.inner.auth, Auth::TokenFile(_) | Auth::Exec(_))
-    }
-
-    async fn forget_token(&self) {
-        *self
-            .inner
-            .token_cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-        *self.inner.exec_cache.lock().await = None;
-    }
-
-    async fn connect(&self) -> Result<Sender, Error> {
-        let server = &self.inner.server;
-        let limits = &self.inner.limits;
-        let connect = TcpStream::connect((server.host.as_str(), server.port));
-        let tcp = tokio::time::timeout(limits.connect_timeout, connect)
-            .await
-            .map_err(|_| Error::Timeout {
-                what: "connecting to the API server",
-                after: limits.connect_timeout,
-            })?
-            .map_err(|source| Error::Connect {
-                server: server.to_string(),
-                source,
-            })?;
-        // Small requests and event lines: do not wait for Nagle.
-        let _ = tcp.set_nodelay(true);
-        match &self.inner.tls {
-            None => handshake(tcp, false).await,
-            Some((connector, name)) => {
-                let tls = tokio::time::timeout(
-                    limits.connect_timeout,
-                    connector.connect(name.clone(), tcp),
-                )
-                .await
-                .map_err(|_| Error::Timeout {
-                    what: "TLS handshake with the API server",
-                    after: limits.connect_timeout,
-                })?
-                .map_err(|source| Error::Tls {
-                    server: server.to_string(),
-                    source,
-                })?;
-                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                handshake(tls, h2).await
-            }
-        }
-    }
-
-    async fn token(&self) -> Result<Option<String>, Error> {
-        match &self.inner.auth {
-            Auth::None => Ok(None),
-            Auth::Token(t) => Ok(Some(t.clone())),
-            Auth::Exec(exec) => {
-                let mut cache = self.inner.exec_cache.lock().await;
-                let margin = Duration::from_secs(10);
-                let valid = |c: &ExecCredential| {
-                    c.expires
-                        .is_none_or(|t| t > std::time::SystemTime::now() + margin)
-                };
-                if let Some(c) = cache.as_ref().filter(|c| valid(c)) {
-                    return Ok(Some(c.token.clone()));
-                }
-                let fresh = exec.run().await?;
-                let token = fresh.token.clone();
-                *cache = Some(fresh);
-                Ok(Some(token))
-            }
-            Auth::TokenFile(path) => {
-                let fresh = self.inner.limits.token_refresh;
-                {
-                    let cache = self
-                        .inner
-                        .token_cache
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if let Some((at, token)) = &*cache
-                        && at.elapsed() < fresh
-                    {
-                        return Ok(Some(token.clone()));
-                    }
-                }
-                let token = tokio::fs::read_to_string(path)
-                    .await
-                    .map_err(|source| Error::Token {
-                        path: path.clone(),
-                        source,
-                    })?
-                    .trim()
-                    .to_string();
-                *self
-                    .inner
-                    .token_cache
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    Some((Instant::now(), token.clone()));
-                Ok(Some(token))
-            }
-        }
-    }
 }
 
-/// HTTP handshake on a fresh connection; the connection driver task ends with the
-/// connection (after the response body is consumed or dropped).
-async fn handshake<IO>(io: IO, h2: bool) -> Result<Sender, Error>
-where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let io = TokioIo::new(io);
-    if h2 {
-        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-            .await
-            .map_err(Error::Http)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "API server connection ended");
-            }
-        });
-        Ok(Sender::H2(sender))
-    } else {
-        let (sender, conn) = hyper::client::conn::http1::handshake(io)
-            .await
-            .map_err(Error::Http)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "API server connection ended");
-            }
-        });
-        Ok(Sender::H1(sender))
+/// kube-rs's configuration for `config`: its roots, client certificate and credentials, and
+/// ambit's connect timeout; no read timeout (ambit bounds each request and watch itself).
+fn kube_config(config: KubeConfig, limits: &Limits) -> Result<kube::Config, ConfigError> {
+    let url = config.server.to_string();
+    let uri: http::Uri = url.parse().map_err(|_| ConfigError::Url {
+        url: url.clone(),
+        reason: "not a URI",
+    })?;
+    let mut out = kube::Config::new(uri);
+    out.connect_timeout = Some(limits.connect_timeout);
+    out.read_timeout = None;
+    // A 429 / 503 is the caller's to handle (the reflector backs off, TokenReview fails
+    // closed); kube-rs's retry layer would hide an outage until the request deadline.
+    out.default_retry = false;
+    out.write_timeout = Some(limits.request_timeout);
+    out.tls_server_name = config.tls_server_name;
+    if config.server.scheme == Scheme::Https {
+        let ca = config
+            .ca_pem
+            .as_deref()
+            .ok_or_else(|| ConfigError::NoCa { url: url.clone() })?;
+        let roots = CertificateDer::pem_slice_iter(ca.as_bytes())
+            .map(|c| c.map(|c| c.to_vec()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| ConfigError::Ca { url: url.clone() })?;
+        if roots.is_empty() {
+            return Err(ConfigError::Ca { url });
+        }
+        out.root_cert = Some(roots);
     }
+    let auth = &mut out.auth_info;
+    if let Some(id) = &config.client_identity {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        auth.client_certificate_data = Some(b64.encode(&id.cert_pem));
+        auth.client_key_data = Some(b64.encode(&id.key_pem).into());
+    }
+    match config.auth {
+        Auth::None => {}
+        Auth::Token(token) => auth.token = Some(token.into()),
+        Auth::TokenFile(path) => auth.token_file = Some(path_string(&path)),
+        Auth::Exec(exec) => auth.exec = Some(exec.to_kube()),
+    }
+    Ok(out)
+}
+
+fn path_string(path: &std::path::Path) -> String {
+    path.to_string_lossy().into_owned()
 }
 
 /// Reads a whole body, failing once it exceeds `limit` bytes.
-async fn read_body(mut body: Incoming, limit: usize, what: &'static str) -> Result<Bytes, Error> {
+async fn read_body(
+    server: &ServerUrl,
+    mut body: Body,
+    limit: usize,
+    what: &'static str,
+) -> Result<Bytes, Error> {
     let mut out = Vec::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(Error::Http)?;
+        let frame = frame.map_err(|source| Error::Transport {
+            server: server.to_string(),
+            source,
+        })?;
         if let Ok(data) = frame.into_data() {
             if out.len() + data.len() > limit {
                 return Err(Error::TooLarge { what, limit });

@@ -6,8 +6,8 @@
 //! optional `tls-server-name`) and plain `http://` (e.g. `kubectl proxy`); client
 //! certificates (`client-certificate[-data]` + `client-key[-data]`: kind, k3d, minikube);
 //! bearer tokens (`token`, `tokenFile`, the service-account token file, which is re-read as
-//! the kubelet rotates it); `exec` credential plugins that return tokens (EKS, GKE, AKS; see
-//! [`crate::exec`]); or no credentials. `auth-provider` plugins, basic auth, impersonation and
+//! the kubelet rotates it); `exec` credential plugins (EKS, GKE, AKS; see [`crate::exec`]);
+//! or no credentials. The result is handed to kube-rs ([`crate::Client::new`]). `auth-provider` plugins, basic auth, impersonation and
 //! `insecure-skip-tls-verify` are reported as [`ConfigError::Unsupported`] instead of being
 //! silently ignored.
 
@@ -40,10 +40,22 @@ pub enum ConfigError {
     Url { url: String, reason: &'static str },
     #[error("https server {url} needs a certificate authority (certificate-authority[-data])")]
     NoCa { url: String },
-    #[error("building the TLS configuration")]
-    Tls(#[source] ambit_tls::ConfigError),
-    #[error("the kubeconfig's client certificate or key is unusable")]
-    ClientCertificate(#[source] ambit_tls::CertError),
+    #[error("the certificate authority for {url} holds no readable PEM certificate")]
+    Ca { url: String },
+    /// The `exec` credential plugin failed (kube-rs runs it while building the client).
+    #[error("running the credential plugin {command}")]
+    ExecPlugin {
+        command: PathBuf,
+        #[source]
+        source: kube::Error,
+    },
+    /// kube-rs refused the configuration (an unusable client certificate or key, roots).
+    #[error("building the Kubernetes client for {server}")]
+    Client {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error(
         "no Kubernetes API configuration: KUBECONFIG is not set, KUBERNETES_SERVICE_HOST is \
          not set (not in a pod) and {home_config} does not exist"

@@ -335,15 +335,20 @@ impl std::fmt::Debug for FakeApiServer {
     }
 }
 
+/// The protocols the fake offers over TLS, the API server's.
+const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
 impl FakeApiServer {
     /// Plain HTTP/1.1 on `127.0.0.1:0`.
     pub async fn start() -> std::io::Result<Self> {
         Self::start_inner(None).await
     }
 
-    /// TLS (ALPN `h2`, served as HTTP/2) with `cert`.
+    /// TLS with `cert`: HTTP/2 when the client asks for `h2` by ALPN, else HTTP/1.1, as the
+    /// API server does.
     pub async fn start_tls(cert: &ServerCertificate) -> Result<Self, ambit_tls::ConfigError> {
-        let config = ambit_tls::server_config_plain(cert)?;
+        let mut config = ambit_tls::server_config_plain(cert)?;
+        config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
         let acceptor = TlsAcceptor::from(Arc::new(config));
         // Binding a loopback port only fails when the machine is out of ports; a test bug.
         Ok(Self::start_inner(Some(acceptor))
@@ -352,21 +357,22 @@ impl FakeApiServer {
     }
 
     /// TLS with a caller-built server configuration (for example one that requires client
-    /// certificates); ALPN `h2` is set.
+    /// certificates); ALPN `h2` and `http/1.1` are set.
     pub async fn start_tls_with(
         mut config: ambit_tls::rustls::ServerConfig,
     ) -> std::io::Result<Self> {
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
         Self::start_inner(Some(TlsAcceptor::from(Arc::new(config)))).await
     }
 
-    /// TLS (ALPN `h2`) with `cert` on a listener the caller bound, e.g. inside a network
+    /// TLS (ALPN `h2` or `http/1.1`) with `cert` on a listener the caller bound, e.g. inside a network
     /// namespace where nodes and pods of a test cluster reach it.
     pub async fn start_tls_on(
         listener: std::net::TcpListener,
         cert: &ServerCertificate,
     ) -> Result<Self, FakeStartError> {
-        let config = ambit_tls::server_config_plain(cert).map_err(FakeStartError::Tls)?;
+        let mut config = ambit_tls::server_config_plain(cert).map_err(FakeStartError::Tls)?;
+        config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
         listener.set_nonblocking(true).map_err(FakeStartError::Io)?;
         let listener = TcpListener::from_std(listener).map_err(FakeStartError::Io)?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
@@ -611,9 +617,15 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, shared: Arc<Shar
                     let Ok(stream) = acceptor.accept(tcp).await else {
                         return;
                     };
-                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    } else {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }
                 }
             }
         });

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures_util::Stream;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use kube::client::Body;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -101,7 +101,8 @@ impl WatchEvent {
 /// (`None`) or something fails (one `Err`, then `None`).
 #[derive(Debug)]
 pub struct WatchStream {
-    body: Incoming,
+    body: Body,
+    server: String,
     buf: Vec<u8>,
     /// Bytes of `buf` already searched for a newline.
     scanned: usize,
@@ -112,9 +113,10 @@ pub struct WatchStream {
 }
 
 impl WatchStream {
-    pub(crate) fn new(body: Incoming, max_line: usize, idle: Duration) -> Self {
+    pub(crate) fn new(body: Body, server: String, max_line: usize, idle: Duration) -> Self {
         Self {
             body,
+            server,
             buf: Vec::new(),
             scanned: 0,
             max_line,
@@ -166,7 +168,12 @@ impl WatchStream {
             match tokio::time::timeout(self.idle, self.body.frame()).await {
                 Err(_) => return Some(Err(Error::Idle(self.idle))),
                 Ok(None) => self.eof = true,
-                Ok(Some(Err(e))) => return Some(Err(Error::Http(e))),
+                Ok(Some(Err(source))) => {
+                    return Some(Err(Error::Transport {
+                        server: self.server.clone(),
+                        source,
+                    }));
+                }
                 Ok(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         self.buf.extend_from_slice(&data);

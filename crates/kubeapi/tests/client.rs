@@ -299,5 +299,5 @@ async fn tls_with_ca_and_bearer_token() {
         .list(PODS, None)
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Tls { .. }), "{err:?}");
+    assert!(matches!(err, Error::Transport { .. }), "{err:?}");
 }
