@@ -474,12 +474,12 @@ pub fn down(run_dir: &Path, rules: &dyn NetnsRunner, wait: Duration) -> Result<(
     let pid_path = run_dir.join(PID_FILE);
     match std::fs::read_to_string(&pid_path) {
         Ok(text) => {
-            if let Ok(pid) = text.trim().parse::<u32>() {
-                if crate::signal::terminate(pid) {
-                    let deadline = Instant::now() + wait;
-                    while crate::signal::alive(pid) && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
+            if let Ok(pid) = text.trim().parse::<u32>()
+                && crate::signal::terminate(pid)
+            {
+                let deadline = Instant::now() + wait;
+                while crate::signal::alive(pid) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(50));
                 }
             }
             let _ = std::fs::remove_file(&pid_path);

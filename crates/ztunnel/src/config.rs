@@ -457,10 +457,10 @@ impl Config {
             .map(str::to_owned)
             .unwrap_or_else(|| "cluster.local".into());
         let trust_domain = r.get("TRUST_DOMAIN").map(str::to_owned);
-        if let Some(td) = &trust_domain {
-            if td.contains('/') || td.chars().any(char::is_whitespace) {
-                r.fail("TRUST_DOMAIN", td, "must not contain '/' or whitespace");
-            }
+        if let Some(td) = &trust_domain
+            && (td.contains('/') || td.chars().any(char::is_whitespace))
+        {
+            r.fail("TRUST_DOMAIN", td, "must not contain '/' or whitespace");
         }
         let network = r.get("NETWORK").map(str::to_owned).unwrap_or_default();
         let instance_ip = r.parse("INSTANCE_IP", IpAddr::V4(Ipv4Addr::new(1, 1, 1, 1)), |v| {

@@ -161,12 +161,12 @@ impl ReadyTracker {
 
     fn acked(&mut self, type_url: &str) {
         self.waiting.remove(type_url);
-        if self.waiting.is_empty() {
-            if let Some(guard) = self.guard.take() {
-                tracing::info!("xDS: initial configuration received");
-                self.state.mark_synced();
-                guard.mark_ready();
-            }
+        if self.waiting.is_empty()
+            && let Some(guard) = self.guard.take()
+        {
+            tracing::info!("xDS: initial configuration received");
+            self.state.mark_synced();
+            guard.mark_ready();
         }
     }
 }

@@ -130,10 +130,10 @@ async fn serve(mgr: &InpodManager, sock: &SeqPacket, drain: &DrainWatcher) -> (E
         if let Err(e) = send_ack(sock, error.as_deref()).await {
             return (End::SendFailed(e), progressed);
         }
-        if let Err(e) = result {
-            if e.drops_connection() {
-                return (End::Dropped(e), progressed);
-            }
+        if let Err(e) = result
+            && e.drops_connection()
+        {
+            return (End::Dropped(e), progressed);
         }
     }
 }

@@ -157,16 +157,16 @@ impl InpodManager {
             if !t.snapshot_done {
                 t.keep.insert(uid.clone());
             }
-            if let Some(r) = t.running.get(&uid) {
-                if r.proxy.netns == netns.identity() {
-                    if r.info != info {
-                        tracing::warn!(
-                            uid,
-                            "AddWorkload repeated with different workload info; keeping the running proxy"
-                        );
-                    }
-                    return Ok(());
+            if let Some(r) = t.running.get(&uid)
+                && r.proxy.netns == netns.identity()
+            {
+                if r.info != info {
+                    tracing::warn!(
+                        uid,
+                        "AddWorkload repeated with different workload info; keeping the running proxy"
+                    );
                 }
+                return Ok(());
             }
             t.pending.remove(&uid);
             let replaced = t.running.remove(&uid);

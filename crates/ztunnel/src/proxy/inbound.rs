@@ -37,10 +37,10 @@ impl TlsCache {
         cert: Arc<WorkloadCertificate>,
     ) -> Result<Arc<ServerConfig>, ambit_tls::ConfigError> {
         let mut slot = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((c, cfg)) = slot.as_ref() {
-            if Arc::ptr_eq(c, &cert) {
-                return Ok(cfg.clone());
-            }
+        if let Some((c, cfg)) = slot.as_ref()
+            && Arc::ptr_eq(c, &cert)
+        {
+            return Ok(cfg.clone());
         }
         let cfg = Arc::new(ambit_tls::server_config(&cert)?);
         *slot = Some((cert, cfg.clone()));

@@ -224,10 +224,10 @@ impl ConnectionTracker {
             })
             .collect();
         for a in changes {
-            if let Affected::Workload(uid) = a {
-                if let Some((uid, _)) = conns.get_key_value(uid) {
-                    uids.push(uid);
-                }
+            if let Affected::Workload(uid) = a
+                && let Some((uid, _)) = conns.get_key_value(uid)
+            {
+                uids.push(uid);
             }
         }
         if !policies.is_empty() {

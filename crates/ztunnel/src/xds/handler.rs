@@ -130,11 +130,11 @@ impl Handler {
                 }
             };
             let key = converted.key();
-            if let Some(old) = held.get(&resource.name) {
-                if old.key != key {
-                    // The name now denotes something else: drop what it used to be.
-                    remove_key(&self.state, &old.key);
-                }
+            if let Some(old) = held.get(&resource.name)
+                && old.key != key
+            {
+                // The name now denotes something else: drop what it used to be.
+                remove_key(&self.state, &old.key);
             }
             match converted {
                 Converted::Address(AddressResource::Workload(w)) => self.state.upsert_workload(*w),
