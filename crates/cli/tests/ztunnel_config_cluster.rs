@@ -48,7 +48,7 @@ fn dump() -> Value {
     })
 }
 
-fn run(kubeconfig: &std::path::Path, args: &[&str]) -> Output {
+fn run(kubeconfig: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
     Command::new(AMBIT)
         .arg("ztunnel-config")
         .args(args)
@@ -95,15 +95,25 @@ async fn cluster_ztunnels_through_the_pod_proxy() {
                "spec": {"nodeName": "n1"}}),
     );
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
+    // A KUBECONFIG list, merged: the context in one file, the cluster in the next, a
+    // missing file skipped.
+    let context = dir.path().join("context");
     std::fs::write(
-        &kubeconfig,
+        &context,
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {cluster: k}\n",
+    )
+    .expect("kubeconfig");
+    let cluster = dir.path().join("cluster");
+    std::fs::write(
+        &cluster,
         format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster: {{server: \"{}\"}}\ncontexts:\n- name: c\n  context: {{cluster: k}}\nusers: []\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster: {{server: \"{}\"}}\nusers: []\n",
             server.url()
         ),
     )
     .expect("kubeconfig");
+    let kubeconfig = std::env::join_paths([dir.path().join("missing"), context, cluster])
+        .expect("KUBECONFIG list");
 
     // --node: the node's ztunnel; the whole dump as YAML is what istioctl's types read.
     let out = stdout(&run(

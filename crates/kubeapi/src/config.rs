@@ -56,6 +56,9 @@ pub enum ConfigError {
         #[source]
         source: kube::Error,
     },
+    /// `KUBECONFIG` is set, but none of its files exists (checked before any fallback).
+    #[error("KUBECONFIG={list:?} names no existing file")]
+    NoKubeconfigFile { list: String },
     #[error(
         "no Kubernetes API configuration: KUBECONFIG is not set, KUBERNETES_SERVICE_HOST is \
          not set (not in a pod) and {home_config} does not exist"
@@ -253,11 +256,13 @@ impl KubeConfig {
         })
     }
 
-    /// The configuration a client in this environment should use, in client-go's order:
+    /// The configuration a client in this environment should use, in client-go's order. This
+    /// is the one rule of every ambit role (agent, control plane, `ztunnel-config`):
     ///
-    /// 1. `KUBECONFIG` when set: the first file of the `:`-separated list that exists (lists
-    ///    are not merged); a set variable naming no existing file is an error, not a
-    ///    fallback, so a typo is not silently replaced by other credentials.
+    /// 1. `KUBECONFIG` when set: its `:`-separated files merged as kubectl merges them
+    ///    ([`KubeConfig::from_kubeconfig_files`]); files of the list that do not exist are
+    ///    skipped, but a list naming no existing file is an error, not a fallback, so a typo
+    ///    is not silently replaced by other credentials.
     /// 2. In-cluster ([`KubeConfig::in_cluster`]) when `KUBERNETES_SERVICE_HOST` is set.
     /// 3. `$HOME/.kube/config` when it exists.
     ///
@@ -268,14 +273,16 @@ impl KubeConfig {
     ) -> Result<Self, ConfigError> {
         let set = |name: &str| var(name).filter(|v| !v.is_empty());
         if let Some(list) = set("KUBECONFIG") {
-            let files: Vec<&str> = list.split(':').filter(|f| !f.is_empty()).collect();
-            let first = files
-                .iter()
+            let files: Vec<&Path> = list
+                .split(':')
+                .filter(|f| !f.is_empty())
                 .map(Path::new)
-                .find(|f| f.exists())
-                .or_else(|| files.first().map(Path::new))
-                .ok_or(ConfigError::MissingVar("KUBECONFIG"))?;
-            return Self::from_kubeconfig_file(first);
+                .collect();
+            let existing: Vec<&Path> = files.iter().copied().filter(|f| f.exists()).collect();
+            if existing.is_empty() {
+                return Err(ConfigError::NoKubeconfigFile { list });
+            }
+            return Self::from_kubeconfig_files(&existing);
         }
         if set("KUBERNETES_SERVICE_HOST").is_some() {
             return Self::in_cluster(var, sa_dir);
@@ -294,123 +301,123 @@ impl KubeConfig {
 
     /// Reads a kubeconfig file and uses its `current-context`.
     pub fn from_kubeconfig_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let dir = path.parent().unwrap_or(Path::new("."));
-        Self::from_kubeconfig(&path.display().to_string(), &text, dir)
+        Self::from_kubeconfig_files(&[path])
+    }
+
+    /// Reads kubeconfig files and merges them as kubectl does: the first file to set
+    /// `current-context` wins, and a cluster, context or user is taken whole from the first
+    /// file that defines its name (entries are never merged field by field). Relative paths
+    /// are resolved against the directory of the file that holds them. Every file must be
+    /// readable and valid.
+    pub fn from_kubeconfig_files(paths: &[&Path]) -> Result<Self, ConfigError> {
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+            files.push((path.display().to_string(), text, dir));
+        }
+        let files: Vec<(&str, &str, &Path)> = files
+            .iter()
+            .map(|(f, t, d)| (f.as_str(), t.as_str(), d.as_path()))
+            .collect();
+        Self::from_kubeconfigs(&files)
     }
 
     /// Parses kubeconfig `text` (named `file` in errors); relative file references are
     /// resolved against `dir`, as kubectl does.
     pub fn from_kubeconfig(file: &str, text: &str, dir: &Path) -> Result<Self, ConfigError> {
-        let err = |reason: String| ConfigError::Kubeconfig {
-            file: file.to_string(),
-            reason,
+        Self::from_kubeconfigs(&[(file, text, dir)])
+    }
+
+    /// Parses and merges kubeconfig texts, each `(file name for errors, text, directory for
+    /// relative paths)`, by [`KubeConfig::from_kubeconfig_files`]'s rule.
+    pub fn from_kubeconfigs(files: &[(&str, &str, &Path)]) -> Result<Self, ConfigError> {
+        let mut merged = Merged::default();
+        for (i, (file, text, _)) in files.iter().enumerate() {
+            let kc: Kubeconfig = serde_norway::from_str(text).map_err(|e| {
+                Origin {
+                    file,
+                    dir: Path::new("."),
+                }
+                .err(e.to_string())
+            })?;
+            merged.add(i, kc);
+        }
+        let origin = |i: usize| Origin {
+            file: files[i].0,
+            dir: files[i].2,
         };
-        let unsupported = |what: &str| ConfigError::Unsupported {
-            file: file.to_string(),
-            what: what.to_string(),
+        let all_files = || {
+            files
+                .iter()
+                .map(|(f, _, _)| *f)
+                .collect::<Vec<_>>()
+                .join(":")
         };
-        let kc: Kubeconfig = serde_norway::from_str(text).map_err(|e| err(e.to_string()))?;
-        let context_name = kc
+        let context_name = merged
             .current_context
-            .filter(|c| !c.is_empty())
-            .ok_or_else(|| err("no current-context".into()))?;
-        let context = kc
+            .ok_or_else(|| ConfigError::Kubeconfig {
+                file: all_files(),
+                reason: "no current-context".into(),
+            })?;
+        let (context, at) = merged
             .contexts
             .iter()
-            .find(|c| c.name == context_name)
-            .map(|c| &c.context)
-            .ok_or_else(|| err(format!("context {context_name:?} not found")))?;
-        let cluster = kc
+            .find(|(c, _)| c.name == context_name)
+            .map(|(c, i)| (&c.context, origin(*i)))
+            .ok_or_else(|| ConfigError::Kubeconfig {
+                file: all_files(),
+                reason: format!("context {context_name:?} not found"),
+            })?;
+        let (cluster, o) = merged
             .clusters
             .iter()
-            .find(|c| c.name == context.cluster)
-            .map(|c| &c.cluster)
-            .ok_or_else(|| err(format!("cluster {:?} not found", context.cluster)))?;
+            .find(|(c, _)| c.name == context.cluster)
+            .map(|(c, i)| (&c.cluster, origin(*i)))
+            .ok_or_else(|| at.err(format!("cluster {:?} not found", context.cluster)))?;
         let server = ServerUrl::parse(&cluster.server)?;
         if cluster.insecure_skip_tls_verify {
-            return Err(unsupported("insecure-skip-tls-verify"));
+            return Err(o.unsupported("insecure-skip-tls-verify"));
         }
         if cluster.proxy_url.is_some() {
-            return Err(unsupported("proxy-url"));
+            return Err(o.unsupported("proxy-url"));
         }
-        let resolve = |p: &str| {
-            let p = Path::new(p);
-            if p.is_absolute() {
-                p.to_path_buf()
-            } else {
-                dir.join(p)
-            }
-        };
-        let ca_pem = match (
+        let ca_pem = o.read_pem(
             &cluster.certificate_authority_data,
             &cluster.certificate_authority,
-        ) {
-            (Some(data), _) => {
-                let der = base64_decode(data)
-                    .ok_or_else(|| err("certificate-authority-data is not base64".into()))?;
-                Some(
-                    String::from_utf8(der)
-                        .map_err(|_| err("certificate-authority-data is not PEM text".into()))?,
-                )
-            }
-            (None, Some(path)) => {
-                let path = resolve(path);
-                Some(
-                    std::fs::read_to_string(&path)
-                        .map_err(|source| ConfigError::Read { path, source })?,
-                )
-            }
-            (None, None) => None,
-        };
-        let read_pem = |data: &Option<String>, path: &Option<String>, what: &str| match (data, path)
-        {
-            (Some(d), _) => {
-                let bytes =
-                    base64_decode(d).ok_or_else(|| err(format!("{what}-data is not base64")))?;
-                String::from_utf8(bytes)
-                    .map(Some)
-                    .map_err(|_| err(format!("{what}-data is not PEM text")))
-            }
-            (None, Some(p)) => {
-                let path = resolve(p);
-                std::fs::read_to_string(&path)
-                    .map(Some)
-                    .map_err(|source| ConfigError::Read { path, source })
-            }
-            (None, None) => Ok(None),
-        };
+            "certificate-authority",
+        )?;
         let (auth, client_identity) = match context.user.as_deref().filter(|u| !u.is_empty()) {
             None => (Auth::None, None),
             Some(user_name) => {
-                let user = kc
+                let (user, o) = merged
                     .users
                     .iter()
-                    .find(|u| u.name == user_name)
-                    .map(|u| &u.user)
-                    .ok_or_else(|| err(format!("user {user_name:?} not found")))?;
+                    .find(|(u, _)| u.name == user_name)
+                    .map(|(u, i)| (&u.user, origin(*i)))
+                    .ok_or_else(|| at.err(format!("user {user_name:?} not found")))?;
                 let others = [
                     ("auth-provider plugins", user.auth_provider.is_some()),
                     ("basic auth (username/password)", user.username.is_some()),
                     ("impersonation (as)", user.impersonate.is_some()),
                 ];
                 if let Some((what, _)) = others.iter().find(|(_, present)| *present) {
-                    return Err(unsupported(what));
+                    return Err(o.unsupported(what));
                 }
-                let cert = read_pem(
+                let cert = o.read_pem(
                     &user.client_certificate_data,
                     &user.client_certificate,
                     "client-certificate",
                 )?;
-                let key = read_pem(&user.client_key_data, &user.client_key, "client-key")?;
+                let key = o.read_pem(&user.client_key_data, &user.client_key, "client-key")?;
                 let identity = match (cert, key) {
                     (Some(cert_pem), Some(key_pem)) => Some(ClientIdentity { cert_pem, key_pem }),
                     (None, None) => None,
                     _ => {
-                        return Err(err(format!(
+                        return Err(o.err(format!(
                             "user {user_name:?}: a client certificate needs both the \
                              certificate and the key"
                         )));
@@ -418,8 +425,10 @@ impl KubeConfig {
                 };
                 let auth = match (&user.token, &user.token_file, &user.exec) {
                     (Some(t), _, _) if !t.is_empty() => Auth::Token(t.clone()),
-                    (_, Some(f), _) if !f.is_empty() => Auth::TokenFile(resolve(f)),
-                    (_, _, Some(exec)) => Auth::Exec(exec_config(exec, dir).map_err(err)?),
+                    (_, Some(f), _) if !f.is_empty() => Auth::TokenFile(o.resolve(f)),
+                    (_, _, Some(exec)) => {
+                        Auth::Exec(exec_config(exec, o.dir).map_err(|r| o.err(r))?)
+                    }
                     _ => Auth::None,
                 };
                 (auth, identity)
@@ -432,6 +441,95 @@ impl KubeConfig {
             client_identity,
             auth,
         })
+    }
+}
+
+/// The file an entry of a merged kubeconfig came from: named in its errors, and the base of
+/// its relative paths.
+struct Origin<'a> {
+    file: &'a str,
+    dir: &'a Path,
+}
+
+impl Origin<'_> {
+    fn err(&self, reason: String) -> ConfigError {
+        ConfigError::Kubeconfig {
+            file: self.file.to_string(),
+            reason,
+        }
+    }
+
+    fn unsupported(&self, what: &str) -> ConfigError {
+        ConfigError::Unsupported {
+            file: self.file.to_string(),
+            what: what.to_string(),
+        }
+    }
+
+    fn resolve(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.dir.join(p)
+        }
+    }
+
+    /// PEM text from `WHAT-data` (base64) or the file `WHAT` names; `data` wins.
+    fn read_pem(
+        &self,
+        data: &Option<String>,
+        path: &Option<String>,
+        what: &str,
+    ) -> Result<Option<String>, ConfigError> {
+        match (data, path) {
+            (Some(d), _) => {
+                let bytes = base64_decode(d)
+                    .ok_or_else(|| self.err(format!("{what}-data is not base64")))?;
+                String::from_utf8(bytes)
+                    .map(Some)
+                    .map_err(|_| self.err(format!("{what}-data is not PEM text")))
+            }
+            (None, Some(p)) => {
+                let path = self.resolve(p);
+                std::fs::read_to_string(&path)
+                    .map(Some)
+                    .map_err(|source| ConfigError::Read { path, source })
+            }
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// Kubeconfig files merged by kubectl's rule, each entry with the index of its file.
+#[derive(Default)]
+struct Merged {
+    current_context: Option<String>,
+    clusters: Vec<(Named<ClusterEntry>, usize)>,
+    contexts: Vec<(NamedContext, usize)>,
+    users: Vec<(NamedUser, usize)>,
+}
+
+impl Merged {
+    fn add(&mut self, file: usize, kc: Kubeconfig) {
+        if self.current_context.is_none() {
+            self.current_context = kc.current_context.filter(|c| !c.is_empty());
+        }
+        for c in kc.clusters {
+            if !self.clusters.iter().any(|(m, _)| m.name == c.name) {
+                self.clusters.push((c, file));
+            }
+        }
+        for c in kc.contexts {
+            if !self.contexts.iter().any(|(m, _)| m.name == c.name) {
+                self.contexts.push((c, file));
+            }
+        }
+        for u in kc.users {
+            if !self.users.iter().any(|(m, _)| m.name == u.name) {
+                self.users.push((u, file));
+            }
+        }
     }
 }
 
@@ -668,64 +766,188 @@ mod tests {
         ));
     }
 
+    /// The one rule: `KUBECONFIG` (a list, merged like kubectl), else in-cluster, else
+    /// `~/.kube/config`.
     #[test]
-    fn environment_precedence() {
+    fn environment_rule() {
         let dir = tempfile::tempdir().unwrap();
-        let sa = dir.path().join("sa");
+        let root = dir.path();
+        let sa = root.join("sa");
         std::fs::create_dir(&sa).unwrap();
         std::fs::write(sa.join("ca.crt"), "PEM").unwrap();
-        let home = dir.path().join("home");
-        std::fs::create_dir_all(home.join(".kube")).unwrap();
-        let kc = |server: &str| KUBECONFIG.replace("https://127.0.0.1:6443", server);
-        std::fs::write(home.join(".kube/config"), kc("https://home:1")).unwrap();
-        let explicit = dir.path().join("explicit");
-        std::fs::write(&explicit, kc("https://explicit:2")).unwrap();
-        let (explicit, missing) = (
-            explicit.display().to_string(),
-            dir.path().join("missing").display().to_string(),
+        let write = |name: &str, text: &str| {
+            let d = root.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("config"), text).unwrap();
+            d.join("config").display().to_string()
+        };
+        // a: complete, token user.
+        let a = write(
+            "a",
+            "current-context: ctx\n\
+             clusters: [{name: c, cluster: {server: 'https://a:1'}}]\n\
+             contexts: [{name: ctx, context: {cluster: c, user: u}}]\n\
+             users: [{name: u, user: {token: ta}}]\n",
         );
-        let list = format!("{missing}:{explicit}");
+        // b: complete, another current-context, the same names with other values.
+        let b = write(
+            "b",
+            "current-context: other\n\
+             clusters: [{name: c, cluster: {server: 'https://b:2'}}]\n\
+             contexts: [{name: ctx, context: {cluster: c, user: u}}, \
+                        {name: other, context: {cluster: c, user: u}}]\n\
+             users: [{name: u, user: {tokenFile: tok}}]\n",
+        );
+        // c: only a current-context; d: a context and a user (relative token file), no cluster.
+        let c = write("c", "current-context: ctx\n");
+        let d = write(
+            "d",
+            "contexts: [{name: ctx, context: {cluster: c, user: ud}}]\n\
+             users: [{name: ud, user: {tokenFile: tok}}]\n",
+        );
+        let bad = write("bad", "clusters: {not: a list}\n");
+        let home = root.join("home");
+        std::fs::create_dir_all(home.join(".kube")).unwrap();
+        std::fs::write(
+            home.join(".kube/config"),
+            std::fs::read_to_string(&a)
+                .unwrap()
+                .replace("a:1", "home:3"),
+        )
+        .unwrap();
+        let missing = root.join("missing").display().to_string();
         let home_s = home.display().to_string();
-        let empty_home = dir.path().display().to_string();
-        let in_cluster = [
+        let root_s = root.display().to_string();
+        let list = |files: &[&str]| files.join(":");
+        let token_file = |d: &str| {
+            format!(
+                "{:?}",
+                Auth::TokenFile(root.join(d).join("tok")) // relative to its own file
+            )
+        };
+        let (host, port) = (
             ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
             ("KUBERNETES_SERVICE_PORT", "443"),
+        );
+        enum Want {
+            /// `server auth`
+            Ok(String),
+            /// a piece of the error's message
+            Err(String),
+        }
+        let ok = |server: &str, auth: String| Want::Ok(format!("{server} {auth}"));
+        let token = || "Token(<redacted>)".to_string();
+        let err = |needle: &str| Want::Err(needle.to_string());
+        type Case<'a> = (&'a str, Vec<(&'a str, String)>, Want);
+        let cases: Vec<Case> = vec![
+            (
+                "one file",
+                vec![("KUBECONFIG", a.clone())],
+                ok("https://a:1", token()),
+            ),
+            (
+                "the first file to set a name or current-context wins",
+                vec![("KUBECONFIG", list(&[&a, &b]))],
+                ok("https://a:1", token()),
+            ),
+            (
+                "the other order",
+                vec![("KUBECONFIG", list(&[&b, &a]))],
+                ok("https://b:2", token_file("b")),
+            ),
+            (
+                "current-context, context, cluster and user from three files",
+                vec![("KUBECONFIG", list(&[&c, &d, &a]))],
+                ok("https://a:1", token_file("d")),
+            ),
+            (
+                "an earlier file's context shadows a later one",
+                vec![("KUBECONFIG", list(&[&c, &a, &d]))],
+                ok("https://a:1", token()),
+            ),
+            (
+                "missing files are skipped",
+                vec![("KUBECONFIG", list(&[&missing, &b]))],
+                ok("https://b:2", token_file("b")),
+            ),
+            (
+                "KUBECONFIG over in-cluster and home",
+                vec![
+                    ("KUBECONFIG", a.clone()),
+                    (host.0, host.1.into()),
+                    (port.0, port.1.into()),
+                    ("HOME", home_s.clone()),
+                ],
+                ok("https://a:1", token()),
+            ),
+            (
+                "no existing file is an error, not a fallback",
+                vec![("KUBECONFIG", missing.clone()), ("HOME", home_s.clone())],
+                err("names no existing file"),
+            ),
+            (
+                "an invalid file is named",
+                vec![("KUBECONFIG", list(&[&a, &bad]))],
+                err(&format!("kubeconfig {bad}:")),
+            ),
+            (
+                "no current-context in any file",
+                vec![("KUBECONFIG", d.clone())],
+                err("no current-context"),
+            ),
+            (
+                "a context's cluster defined nowhere",
+                vec![("KUBECONFIG", list(&[&c, &d]))],
+                err("cluster \"c\" not found"),
+            ),
+            (
+                "an empty list",
+                vec![("KUBECONFIG", ":".into())],
+                err("KUBECONFIG=\":\" names no existing file"),
+            ),
+            (
+                "in-cluster over home",
+                vec![
+                    ("KUBECONFIG", String::new()),
+                    (host.0, host.1.into()),
+                    (port.0, port.1.into()),
+                    ("HOME", home_s.clone()),
+                ],
+                ok(
+                    "https://10.96.0.1:443",
+                    format!("{:?}", Auth::TokenFile(sa.join("token"))),
+                ),
+            ),
+            (
+                "in-cluster without a port",
+                vec![(host.0, host.1.into()), ("HOME", home_s.clone())],
+                err("KUBERNETES_SERVICE_PORT is not set"),
+            ),
+            (
+                "home",
+                vec![("HOME", home_s.clone())],
+                ok("https://home:3", token()),
+            ),
+            (
+                "nothing",
+                vec![("HOME", root_s.clone())],
+                err("no Kubernetes API configuration"),
+            ),
+            ("nothing, HOME unset", vec![], err("HOME unset")),
         ];
-        // (variables, server chosen or the error's Debug prefix)
-        let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
-            (
-                vec![("KUBECONFIG", &explicit), in_cluster[0], in_cluster[1]],
-                "https://explicit:2",
-            ),
-            (
-                vec![("KUBECONFIG", &list), ("HOME", &home_s)],
-                "https://explicit:2",
-            ),
-            (vec![("KUBECONFIG", &missing), ("HOME", &home_s)], "Read"),
-            (vec![("KUBECONFIG", ":")], "MissingVar"),
-            (
-                vec![in_cluster[0], in_cluster[1], ("HOME", &home_s)],
-                "https://10.96.0.1:443",
-            ),
-            (vec![in_cluster[0], ("HOME", &home_s)], "MissingVar"),
-            (
-                vec![("KUBECONFIG", ""), ("HOME", &home_s)],
-                "https://home:1",
-            ),
-            (vec![("HOME", &empty_home)], "NoConfig"),
-            (vec![], "NoConfig"),
-        ];
-        for (vars, want) in cases {
-            let lookup = |k: &str| {
-                vars.iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            };
-            let got = match KubeConfig::from_environment(lookup, &sa) {
-                Ok(c) => c.server.to_string(),
-                Err(e) => format!("{e:?}"),
-            };
-            assert!(got.starts_with(want), "{vars:?}: {got}");
+        for (name, vars, want) in cases {
+            let lookup = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+            match (KubeConfig::from_environment(lookup, &sa), want) {
+                (Ok(c), Want::Ok(w)) => {
+                    assert_eq!(format!("{} {:?}", c.server, c.auth), w, "{name}")
+                }
+                (Err(e), Want::Err(needle)) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains(&needle), "{name}: {msg:?} lacks {needle:?}");
+                }
+                (Ok(c), Want::Err(needle)) => panic!("{name}: got {c:?}, want {needle:?}"),
+                (Err(e), Want::Ok(w)) => panic!("{name}: got {e:?}, want {w}"),
+            }
         }
     }
 
