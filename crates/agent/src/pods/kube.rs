@@ -546,7 +546,7 @@ mod tests {
         );
         let err = gone.annotate("apps", "mine", None).await.unwrap_err();
         assert!(
-            matches!(&err, SourceError::Transport { reason, .. } if reason.contains("connecting to the API server")
+            matches!(&err, SourceError::Transport { reason, .. } if reason.contains("talking to the API server")
                 && reason.contains("refused")),
             "{err}"
         );
