@@ -46,10 +46,30 @@ fn workspace_root() -> PathBuf {
         .unwrap()
 }
 
+/// The host's target triple (`rustc -vV`): the layering is checked for the platform the
+/// suite builds, and `cargo metadata` then needs only the packages that build downloaded.
+fn host_triple() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = std::process::Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .expect("running rustc -vV");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .unwrap_or_else(|| panic!("no host line in rustc -vV: {text}"))
+        .to_owned()
+}
+
+/// Offline, filtered to the host: without the filter cargo must download every package of
+/// every platform (kube-rs's Android and macOS verifiers) that no host build ever fetches,
+/// so a clean machine failed here.
 fn metadata() -> Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let host = host_triple();
     let out = std::process::Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--offline", "--locked"])
+        .args(["--filter-platform", &host])
         .current_dir(workspace_root())
         .output()
         .expect("running cargo metadata");
