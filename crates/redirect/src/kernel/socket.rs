@@ -1,6 +1,7 @@
 //! One netlink request and its replies, bounded in time and size.
 
 use std::fmt::Debug;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use netlink_packet_core::{
@@ -114,23 +115,8 @@ impl Netlink {
             .map_err(|source| KernelError::Io { what, source })?;
         let mut pending: std::collections::BTreeSet<u32> = acks.into_iter().collect();
         while !pending.is_empty() {
-            self.buf.clear();
-            let n = self
-                .sock
-                .recv(&mut self.buf, 0)
-                .map_err(|source| KernelError::Io { what, source })?;
-            if n >= RECV_BUF {
-                return Err(decode(what, "reply filled the receive buffer"));
-            }
-            let mut at = 0;
-            while at < self.buf.len() {
-                let msg = NetlinkMessage::<T>::deserialize(&self.buf[at..])
-                    .map_err(|e| decode(what, e))?;
-                let len = msg.header.length as usize;
-                if len == 0 {
-                    return Err(decode(what, "zero-length message"));
-                }
-                at += len.next_multiple_of(4);
+            for msg in self.receive::<T>(what)? {
+                let msg = msg?;
                 if !pending.remove(&msg.header.sequence_number) {
                     continue;
                 }
@@ -171,23 +157,8 @@ impl Netlink {
             .map_err(|source| KernelError::Io { what, source })?;
         let mut replies = Vec::new();
         loop {
-            self.buf.clear();
-            let n = self
-                .sock
-                .recv(&mut self.buf, 0)
-                .map_err(|source| KernelError::Io { what, source })?;
-            if n >= RECV_BUF {
-                return Err(decode(what, "reply filled the receive buffer"));
-            }
-            let mut at = 0;
-            while at < self.buf.len() {
-                let msg = NetlinkMessage::<T>::deserialize(&self.buf[at..])
-                    .map_err(|e| decode(what, e))?;
-                let len = msg.header.length as usize;
-                if len == 0 {
-                    return Err(decode(what, "zero-length message"));
-                }
-                at += len.next_multiple_of(4);
+            for msg in self.receive::<T>(what)? {
+                let msg = msg?;
                 if msg.header.sequence_number != seq {
                     // A late answer to an earlier request on this socket.
                     continue;
@@ -214,6 +185,63 @@ impl Netlink {
                     }
                     _ => {}
                 }
+            }
+        }
+    }
+
+    /// Receives one datagram into the bounded buffer and returns its messages, in order
+    /// (every sequence number: callers pick theirs). A full buffer is refused as
+    /// truncation; a message that does not parse, or claims zero length, ends the
+    /// datagram with an error.
+    fn receive<T: NetlinkDeserializable>(
+        &mut self,
+        what: &'static str,
+    ) -> Result<Messages<'_, T>, KernelError> {
+        self.buf.clear();
+        let n = self
+            .sock
+            .recv(&mut self.buf, 0)
+            .map_err(|source| KernelError::Io { what, source })?;
+        if n >= RECV_BUF {
+            return Err(decode(what, "reply filled the receive buffer"));
+        }
+        Ok(Messages {
+            rest: &self.buf,
+            what,
+            _kind: PhantomData,
+        })
+    }
+}
+
+/// The messages of one received datagram (see [`Netlink::receive`]).
+struct Messages<'a, T> {
+    /// What is left to split, starting at a message boundary.
+    rest: &'a [u8],
+    what: &'static str,
+    _kind: PhantomData<fn() -> T>,
+}
+
+impl<T: NetlinkDeserializable> Iterator for Messages<'_, T> {
+    type Item = Result<NetlinkMessage<T>, KernelError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let parsed = NetlinkMessage::<T>::deserialize(self.rest)
+            .map_err(|e| decode(self.what, e))
+            .and_then(|msg| match msg.header.length as usize {
+                0 => Err(decode(self.what, "zero-length message")),
+                len => Ok((msg, len.next_multiple_of(4))),
+            });
+        match parsed {
+            Ok((msg, step)) => {
+                self.rest = self.rest.get(step..).unwrap_or_default();
+                Some(Ok(msg))
+            }
+            Err(e) => {
+                self.rest = &[];
+                Some(Err(e))
             }
         }
     }
