@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ambit_netns::NetnsFd;
-use ambit_redirect::{Backend, HostRules, HostRulesConfig, ProbeSet};
+use ambit_redirect::{Backend, Guard, HostRules, HostRulesConfig, ProbeSet};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
@@ -35,7 +35,7 @@ use crate::config::AgentConfig;
 use crate::installer::{EntryInputs, Installer, InstallerError, plugin_entry};
 use crate::plugin::PLUGIN_SOCKET;
 use crate::pods::{Cache, Pod, PodEvent, PodSource};
-use crate::shutdown::{Cleanup, ShutdownError, ShutdownKind, UninstallCheck, check_for};
+use crate::shutdown::{BoxFuture, Cleanup, ShutdownError, ShutdownKind, UninstallCheck, check_for};
 use crate::zds::{ZdsError, ZdsServer};
 use ambit_redirect::{FdRunner, HostRunner};
 pub use mesh::MeshError;
@@ -161,6 +161,22 @@ impl<S> Core<S> {
     }
 }
 
+/// An enrolled pod's fail-closed guard, shared by its slot and the verification pass.
+pub(crate) type SharedGuard = Arc<Mutex<Guard>>;
+
+/// The enrolled pods' guards (pod name, guard), read once the tasks have stopped: an
+/// uninstall removes their standby tables.
+type GuardList = Vec<(String, SharedGuard)>;
+
+/// The enrolled pods' guards, when called.
+struct EnrolledGuards(Box<dyn FnOnce() -> BoxFuture<'static, GuardList> + Send>);
+
+impl std::fmt::Debug for EnrolledGuards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EnrolledGuards")
+    }
+}
+
 /// A running agent.
 #[derive(Debug)]
 pub struct AgentHandle {
@@ -177,6 +193,7 @@ pub struct AgentHandle {
     /// What restart discovery found (§1.8).
     pub restart: RestartReport,
     cleanup: Cleanup,
+    guards: Option<EnrolledGuards>,
 }
 
 impl AgentHandle {
@@ -189,20 +206,26 @@ impl AgentHandle {
 
     /// Shuts down as `check` decides (§1.10): tasks (the installer loop too) stop either
     /// way; an uninstall then removes the CNI config entry, plugin kubeconfig and binary,
-    /// host rules, probe set and socket files. An upgrade leaves all of them. In-pod rules
-    /// of running pods are never touched.
+    /// host rules, probe set, socket files and the enrolled pods' standby guard tables. An
+    /// upgrade leaves all of them. In-pod redirection rules of running pods are never
+    /// touched.
     pub async fn shutdown_with(
-        self,
+        mut self,
         check: &dyn UninstallCheck,
     ) -> Result<ShutdownKind, ShutdownError> {
         let kind = check.decide().await;
         let cleanup = self.cleanup.clone();
+        let guards = self.guards.take();
         self.shutdown().await;
         if kind == ShutdownKind::Uninstall {
             tracing::info!(
-                "uninstalling: removing CNI config entry, plugin binary and kubeconfig, host rules and probe set"
+                "uninstalling: removing CNI config entry, plugin binary and kubeconfig, host rules, probe set and standby guard tables"
             );
-            tokio::task::spawn_blocking(move || cleanup.uninstall())
+            let guards = match guards {
+                Some(g) => (g.0)().await,
+                None => Vec::new(),
+            };
+            tokio::task::spawn_blocking(move || cleanup.uninstall(guards))
                 .await
                 .map_err(|_| ShutdownError(vec![crate::shutdown::CleanupError::Panicked]))??;
         } else {
@@ -360,6 +383,18 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
     let mut last_error = None;
     install_pass(&core, &installer, &mut last_error).await;
     tasks.spawn(install_loop(core.clone(), installer, last_error, stop_rx));
+    let guards = {
+        let core = core.clone();
+        EnrolledGuards(Box::new(move || {
+            Box::pin(async move {
+                let enrolled = core.enrolled.lock().await;
+                enrolled
+                    .values()
+                    .filter_map(|s| Some((s.pod.name.clone(), s.guard.clone()?)))
+                    .collect()
+            })
+        }))
+    };
     Ok(AgentHandle {
         tasks,
         stop,
@@ -369,6 +404,7 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
         metrics,
         restart,
         cleanup,
+        guards: Some(guards),
     })
 }
 

@@ -20,10 +20,13 @@
 //! nothing else is left in it; the Istio-owned or standalone file is deleted), then the
 //! plugin kubeconfig and the copied `istio-cni` binary (only in the directories the
 //! installer was configured with, see [`crate::installer::uninstall`]), delete host rules,
-//! destroy the probe set, remove our socket files. The installer has stopped by then, so
-//! it cannot put anything back. Never done, on either path: deleting in-pod rules of
-//! running pods (they stay captured until un-enrolled by a running agent). AWS branch-ENI
-//! host rules this process added are removed too ([`crate::daemon::aws_eni::remove_all`]).
+//! destroy the probe set, remove our socket files and the standby guard table of every
+//! enrolled pod (ambit's own addition: it outlives the agent by design, so a pod still
+//! running after the uninstall must not keep it). The installer has stopped by then, so
+//! it cannot put anything back. Never done, on either path: deleting in-pod redirection
+//! rules of running pods (they stay captured until un-enrolled by a running agent). AWS
+//! branch-ENI host rules this process added are removed too
+//! ([`crate::daemon::aws_eni::remove_all`]).
 
 use std::fmt;
 use std::future::Future;
@@ -31,7 +34,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
-use ambit_redirect::{ApplyError, Backend, HostRules, ProbeSet, ProbeSetError};
+use ambit_redirect::{ApplyError, Backend, Guard, HostRules, KernelError, ProbeSet, ProbeSetError};
 
 use crate::config::AgentConfig;
 use crate::installer::{InstallConfig, InstallerError};
@@ -154,6 +157,15 @@ pub enum CleanupError {
     /// Destroying the probe set failed.
     #[error("destroying probe set: {0}")]
     ProbeSet(#[from] ProbeSetError),
+    /// A pod's standby guard table could not be removed.
+    #[error("removing the standby guard table of pod {pod}: {source}")]
+    Guard {
+        /// The pod.
+        pod: String,
+        /// What the kernel said.
+        #[source]
+        source: KernelError,
+    },
     /// The cleanup thread panicked.
     #[error("cleanup task panicked")]
     Panicked,
@@ -186,8 +198,12 @@ pub(crate) struct Cleanup {
 impl Cleanup {
     /// Full cleanup (blocking). The CNI entry goes first, so the runtime stops calling a
     /// plugin whose agent is leaving, then kubeconfig and binary; host rules before the
-    /// set they match on.
-    pub fn uninstall(&self) -> Result<(), ShutdownError> {
+    /// set they match on; the enrolled pods' standby guard tables last (each `guards`
+    /// entry: pod name, its guard).
+    pub fn uninstall(
+        &self,
+        guards: Vec<(String, std::sync::Arc<std::sync::Mutex<Guard>>)>,
+    ) -> Result<(), ShutdownError> {
         let mut errors: Vec<CleanupError> = Vec::new();
         let (removed, failed) = crate::installer::uninstall(&self.install);
         for f in removed {
@@ -213,6 +229,15 @@ impl Cleanup {
                     });
                 }
                 _ => {}
+            }
+        }
+        for (pod, guard) in guards {
+            let removed = guard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove_standby();
+            if let Err(source) = removed {
+                errors.push(CleanupError::Guard { pod, source });
             }
         }
         if errors.is_empty() {

@@ -191,6 +191,11 @@ async fn enrol_verify_repair_unenrol() {
     )
     .await;
     assert!(!save_nat(&topo, "p1").contains("ISTIO"));
+    // Neither guard table is left in the un-enrolled pod.
+    eventually("no guard table left in p1", WAIT, || {
+        !nft_tables(&topo, "p1").contains("ambit-guard")
+    })
+    .await;
     assert!(zt.seen().contains(&Seen::Del {
         uid: "uid-p1".into()
     }));
@@ -471,6 +476,18 @@ async fn flushed_rules_are_repaired_on_the_change_notification() {
         .await;
         println!("{p}: {flush:?} -> rules back in {:?}", t0.elapsed());
     }
+    // The whole-ruleset flush deleted p3's standby guard table too (the owned one stays):
+    // the same check puts it back.
+    eventually("p3: standby guard table re-created", REACTION, || {
+        nft_tables(&topo, "p3").contains("table inet ambit-guard-standby")
+    })
+    .await;
+}
+
+/// The pod's `nft list tables`.
+fn nft_tables(topo: &Topology, ns: &str) -> String {
+    let out = topo.exec(ns, &["nft", "list", "tables"]).unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// How soon a flushed ruleset must be back, on a loaded 2-core machine (the polling

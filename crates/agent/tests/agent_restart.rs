@@ -12,7 +12,7 @@
 use ambit_agent::testing::cni_add;
 use ambit_testkit::eventually;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -61,6 +61,14 @@ fn pod_rules(topo: &Topology, ns: &str) -> String {
         .iter()
         .map(|t| out(topo, ns, &["iptables", "-t", t, "-S"]))
         .collect()
+}
+
+/// Whether an app in `pod` (an unmarked socket) gets a TCP connection to `to`.
+fn app_reaches(topo: &Topology, pod: &str, to: SocketAddr) -> bool {
+    topo.pod(pod)
+        .netns()
+        .run(|| TcpStream::connect_timeout(&to, Duration::from_millis(300)).is_ok())
+        .unwrap()
 }
 
 fn probe_set(topo: &Topology, node: &str) -> String {
@@ -338,8 +346,19 @@ async fn shutdown_upgrade_keeps_uninstall_cleans() {
         labels: BTreeMap::from([(MODE.to_string(), "ambient".to_string())]),
     });
     let ip = IpAddr::V4(topo.pod("p1").ip());
-    source.upsert_pod(pod("p1", &uid(1), ip, true));
+    // With its netns hint, so the restarted agent finds it (and adopts its guard).
+    let mut p1 = pod("p1", &uid(1), ip, true);
+    p1.netns = Some(topo.pod("p1").netns_path());
+    source.upsert_pod(p1);
     let node_ns = topo.node("n").netns().path();
+    // Something outside the pod for its app to reach.
+    let outside = SocketAddr::new(topo.pod("p1").gateway().into(), 18080);
+    let _listener = topo
+        .node("n")
+        .netns()
+        .run(|| TcpListener::bind(outside))
+        .unwrap()
+        .unwrap();
 
     struct Step {
         name: &'static str,
@@ -412,6 +431,33 @@ async fn shutdown_upgrade_keeps_uninstall_cleans() {
             "{}",
             step.name
         );
+        // The fail-closed guard: the owned table goes with the agent; the standby table
+        // stays after an upgrade, so a nat flush while no agent runs does not open the
+        // pod, and goes with an uninstall.
+        let tables = || out(&topo, "p1", &["nft", "list", "tables"]);
+        eventually("the owned guard table goes with the agent", WAIT, || {
+            !tables()
+                .lines()
+                .any(|l| l.trim() == "table inet ambit-guard")
+        })
+        .await;
+        let upgrade = step.want == ShutdownKind::Upgrade;
+        let now = tables();
+        assert_eq!(
+            now.contains("table inet ambit-guard-standby"),
+            upgrade,
+            "{}: {now}",
+            step.name
+        );
+        if upgrade {
+            let flushed = topo.exec("p1", &["iptables", "-t", "nat", "-F"]).unwrap();
+            assert!(flushed.status.success());
+            assert!(
+                !app_reaches(&topo, "p1", outside),
+                "{}: the app left the pod with the agent down and its rules flushed",
+                step.name
+            );
+        }
     }
     // The explicit check objects agree with the configuration mapping.
     assert_eq!(

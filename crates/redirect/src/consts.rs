@@ -32,3 +32,6 @@ pub const NFT_RAW_TABLE: &str = "istio-ambient-raw";
 /// Beyond upstream: the in-pod fail-closed guard, an nft table owned by the agent's socket
 /// (`kernel::guard`).
 pub const NFT_GUARD_TABLE: &str = "ambit-guard";
+/// Beyond upstream: the guard's standby copy, an ordinary table that outlives the agent
+/// (`kernel::guard`).
+pub const NFT_GUARD_STANDBY_TABLE: &str = "ambit-guard-standby";

@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use ambit_netns::NetnsFd;
-use ambit_redirect::{Guard, IfaceName, InPod, PodRedirectConfig, VerifyMemo};
+use ambit_redirect::{Guard, IfaceName, InPod, KernelError, PodRedirectConfig, VerifyMemo};
 
 use super::aws_eni;
 use super::rules_watch::{self, Verifier, WatchHandle};
 use super::verify::{rules_present, ztunnel_listening};
-use super::{Core, Key};
+use super::{Core, Key, SharedGuard};
 use crate::pods::{ENABLED, PENDING, Pod, PodSource, SourceError};
 use ambit_contract::zds::PodUid;
 
@@ -38,8 +38,9 @@ pub(crate) struct Slot {
     /// The pod's ruleset-change watcher (`None`: disabled or not available).
     pub _watch: Option<WatchHandle>,
     /// The pod's fail-closed guard (`None`: disabled, ingress mode, or refused by the
-    /// kernel); dropping it removes the guard table.
-    pub guard: Option<Guard>,
+    /// kernel); dropping the last handle removes the owned guard table, the standby table
+    /// stays until removed (`ambit_redirect::kernel::guard` docs).
+    pub guard: Option<SharedGuard>,
 }
 
 /// Failure of a mesh operation; `retryable` ones are retried by the worker.
@@ -59,6 +60,10 @@ pub enum MeshError {
     /// ztunnel did not take the pod (retryable; rules stay: fail closed).
     #[error("ztunnel: {0}")]
     Zds(#[from] ZdsError),
+    /// The standby guard table of a pod leaving the mesh could not be removed (retryable:
+    /// left behind, it would cut the un-enrolled pod's TCP).
+    #[error("removing the standby guard table: {0}")]
+    Guard(#[source] Blocked<KernelError>),
     /// Host probe set update failed (retryable).
     #[error("probe set: {0}")]
     ProbeSet(#[source] Blocked<ambit_redirect::ProbeSetError>),
@@ -73,7 +78,7 @@ impl MeshError {
     pub fn retryable(&self) -> bool {
         match self {
             Self::Netns { .. } | Self::Rules(_) => false,
-            Self::Zds(_) | Self::ProbeSet(_) => true,
+            Self::Zds(_) | Self::ProbeSet(_) | Self::Guard(_) => true,
             Self::Annotate(e) => e.is_retryable(),
         }
     }
@@ -337,6 +342,7 @@ impl<S: PodSource> Core<S> {
             blocking(move || inpod.delete(&runner))
                 .await
                 .map_err(MeshError::Rules)?;
+            remove_standby(slot).await?;
         }
         enrolled.remove(&pod.uid);
         self.zds.del(&pod.uid).await?;
@@ -408,13 +414,18 @@ impl<S: PodSource> Core<S> {
         name: &str,
         inpod: &InPod,
         netns: &Arc<NetnsFd>,
-    ) -> Option<Guard> {
+    ) -> Option<SharedGuard> {
         if !self.cfg.rule_guard {
+            // A standby table an earlier agent (guard on) left would outlive the setting.
+            let ns = netns.clone();
+            if let Err(e) = blocking(move || Guard::remove_standby_in(&ns)).await {
+                tracing::warn!(pod = name, error = %e, "guard disabled, but its standby table could not be removed");
+            }
             return None;
         }
         let (inpod, ns) = (inpod.clone(), netns.clone());
         match blocking(move || inpod.guard(&ns)).await {
-            Ok(g) => g,
+            Ok(g) => g.map(|g| Arc::new(Mutex::new(g))),
             Err(e) => {
                 tracing::warn!(pod = name, error = %e, "no fail-closed guard for this pod: its redirection rules are the only barrier");
                 None
@@ -433,7 +444,14 @@ impl<S: PodSource> Core<S> {
     /// Verifies (and repairs) the enrolled pods in `only`, or all; returns how many stayed
     /// unprotected.
     async fn verify_pods(&self, only: Option<&[String]>) -> i64 {
-        type Entry = (String, Arc<NetnsFd>, InPod, bool, Arc<Mutex<VerifyMemo>>);
+        type Entry = (
+            String,
+            Arc<NetnsFd>,
+            InPod,
+            bool,
+            Arc<Mutex<VerifyMemo>>,
+            Option<SharedGuard>,
+        );
         let snapshot: Vec<Entry> = self
             .enrolled
             .lock()
@@ -441,13 +459,27 @@ impl<S: PodSource> Core<S> {
             .iter()
             .filter(|(uid, _)| only.is_none_or(|o| o.contains(uid)))
             .map(|(uid, s)| {
-                let memo = s.memo.clone();
-                (uid.clone(), s.netns.clone(), s.inpod.clone(), s.acked, memo)
+                let (memo, guard) = (s.memo.clone(), s.guard.clone());
+                (
+                    uid.clone(),
+                    s.netns.clone(),
+                    s.inpod.clone(),
+                    s.acked,
+                    memo,
+                    guard,
+                )
             })
             .collect();
         let mut unprotected = 0i64;
-        for (uid, netns, inpod, acked, memo) in snapshot {
-            if rules_present(&inpod, &netns, &memo).await && (!acked || listening(&netns).await) {
+        for (uid, netns, inpod, acked, memo, guard) in snapshot {
+            let standby_ok = match guard {
+                Some(guard) => standby_intact(&uid, guard).await,
+                None => true,
+            };
+            if standby_ok
+                && rules_present(&inpod, &netns, &memo).await
+                && (!acked || listening(&netns).await)
+            {
                 continue;
             }
             let mut enrolled = self.enrolled.lock().await;
@@ -459,6 +491,11 @@ impl<S: PodSource> Core<S> {
             else {
                 continue;
             };
+            // Under the table lock, on the current slot: a pod un-enrolled meanwhile must
+            // not get its standby table back.
+            if !standby_ok {
+                replace_standby(slot).await;
+            }
             if !self.verify_slot(slot).await {
                 unprotected += 1;
             }
@@ -530,6 +567,69 @@ async fn flush_bypassed(slot: &Slot) {
     }
 }
 
+/// Whether the pod's standby guard table still matches the owned one (not deleted,
+/// flushed or edited in the pod). A failed read counts as intact (the owned table guards;
+/// the next pass reads again): logged.
+async fn standby_intact(uid: &str, guard: SharedGuard) -> bool {
+    let read = blocking(move || {
+        guard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .standby_intact()
+    })
+    .await;
+    read.unwrap_or_else(|e| {
+        tracing::warn!(uid, error = %e, "cannot read the standby guard table");
+        true
+    })
+}
+
+/// Re-creates an enrolled pod's standby guard table; logged, never fatal (the owned table
+/// guards while the agent runs).
+async fn replace_standby(slot: &Slot) {
+    let Some(guard) = slot.guard.clone() else {
+        return;
+    };
+    let replaced = blocking(move || {
+        guard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace_standby()
+    })
+    .await;
+    match replaced {
+        Ok(()) => {
+            tracing::warn!(pod = %slot.pod.name, "standby guard table changed in the pod, re-created")
+        }
+        Err(e) => {
+            tracing::warn!(pod = %slot.pod.name, error = %e, "re-creating the standby guard table failed")
+        }
+    }
+}
+
+/// Removes an un-enrolled pod's standby guard table: over its guard's socket, or, for a
+/// pod this agent holds no guard for (disabled, refused, not guardable), from a socket
+/// opened in its namespace, where only a table an earlier agent left can be (best effort).
+async fn remove_standby(slot: &Slot) -> Result<(), MeshError> {
+    match slot.guard.clone() {
+        Some(guard) => blocking(move || {
+            guard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove_standby()
+        })
+        .await
+        .map_err(MeshError::Guard),
+        None => {
+            let ns = slot.netns.clone();
+            if let Err(e) = blocking(move || Guard::remove_standby_in(&ns)).await {
+                tracing::warn!(pod = %slot.pod.name, error = %e, "standby guard table not removed");
+            }
+            Ok(())
+        }
+    }
+}
+
 async fn listening(netns: &Arc<NetnsFd>) -> bool {
     let netns = netns.clone();
     tokio::task::spawn_blocking(move || ztunnel_listening(&netns))
@@ -592,6 +692,13 @@ mod tests {
                     reason: "x".into(),
                 },
                 false,
+            ),
+            (
+                MeshError::Guard(Blocked::Step(KernelError::Refused {
+                    what: "nft guard standby removal",
+                    code: -1,
+                })),
+                true,
             ),
         ];
         for (e, want) in cases {

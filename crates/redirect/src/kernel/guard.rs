@@ -20,11 +20,20 @@
 //! traffic unredirected by design (the app answers its peers directly) and virtual
 //! interfaces forward a VM's traffic along paths not modelled here: no guard for either.
 //!
-//! The table is created with `NFT_TABLE_F_OWNER`: only the creating socket may change or
-//! delete it, `nft flush ruleset` (or any other process) leaves it in place, and the kernel
-//! removes it when the socket closes: when the [`Guard`] is dropped (the pod leaves the
-//! mesh) or the agent dies. While the agent is down the pod keeps its redirection rules
-//! only; the restarted agent installs a new guard for every pod it finds.
+//! Two tables carry the same chain, created together in one nfnetlink batch:
+//!
+//! - `inet ambit-guard`, created with `NFT_TABLE_F_OWNER`: only the creating socket may
+//!   change or delete it, `nft flush ruleset` (or any other process) leaves it in place,
+//!   and the kernel removes it when the socket closes: when the [`Guard`] is dropped or the
+//!   agent exits, crashes or is replaced.
+//! - `inet ambit-guard-standby`, an ordinary table: it outlives the agent, so a pod whose
+//!   rules are flushed while no agent runs (crash, upgrade) still fails closed. Anything
+//!   root in the pod can delete it, so the agent checks it against the owned table on
+//!   every verification ([`Guard::repair_standby`]) and re-creates it when it differs. It
+//!   is replaced (deleted and re-created in the same batch, so the pod never sees a gap)
+//!   whenever a guard is installed: a restarted agent adopts the one its predecessor left.
+//!   It is removed explicitly when the pod leaves the mesh ([`Guard::remove_standby`],
+//!   [`Guard::remove_standby_in`]) and on uninstall; a deleted pod's namespace takes it along.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -40,8 +49,9 @@ use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProto
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::KernelError;
+use super::nft::{NftFamily, Ruleset};
 use super::socket::Netlink;
-use crate::consts::NFT_GUARD_TABLE;
+use crate::consts::{NFT_GUARD_STANDBY_TABLE, NFT_GUARD_TABLE};
 
 /// `NFNL_SUBSYS_NFTABLES`: the subsystem a batch is addressed to.
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -75,11 +85,14 @@ pub(crate) struct GuardPlan {
     pub(crate) probe_snat: Vec<IpAddr>,
 }
 
-/// A pod's guard table, alive as long as this value (see the module docs).
+/// A pod's guard tables: the owned one alive as long as this value, the standby one until
+/// removed (see the module docs).
 #[derive(Debug)]
 pub struct Guard {
-    /// The owning socket: closing it makes the kernel delete the table.
-    _owner: Netlink,
+    /// The owning socket, in the pod's namespace: closing it makes the kernel delete the
+    /// owned table. It also carries every later request about the standby table.
+    owner: Netlink,
+    plan: GuardPlan,
 }
 
 fn message(inner: NfTablesMessage) -> NetfilterMessage {
@@ -179,23 +192,22 @@ impl GuardPlan {
         rules
     }
 
-    /// The batch that creates the table, its chain and rules.
-    fn batch(&self) -> Vec<(NetfilterMessage, u16)> {
+    /// The messages that create the table `name` (owned or not), its chain and rules.
+    fn table(&self, name: &str, owned: bool) -> Vec<(NetfilterMessage, u16)> {
+        let mut attributes = vec![TableAttribute::Name(name.into())];
+        if owned {
+            attributes.push(TableAttribute::Flags(TableFlags::Owner));
+        }
         let mut msgs = vec![
             (
-                message(NfTablesMessage::NewTable(TableMessage {
-                    attributes: vec![
-                        TableAttribute::Name(NFT_GUARD_TABLE.into()),
-                        TableAttribute::Flags(TableFlags::Owner),
-                    ],
-                })),
+                message(NfTablesMessage::NewTable(TableMessage { attributes })),
                 NLM_F_CREATE,
             ),
             (
                 message(NfTablesMessage::NewChain(
                     netlink_packet_netfilter::nftables::ChainMessage {
                         attributes: vec![
-                            ChainAttribute::Table(NFT_GUARD_TABLE.into()),
+                            ChainAttribute::Table(name.into()),
                             ChainAttribute::Name(CHAIN.into()),
                             ChainAttribute::Policy(NF_ACCEPT),
                             ChainAttribute::Type("filter".into()),
@@ -213,7 +225,7 @@ impl GuardPlan {
             msgs.push((
                 message(NfTablesMessage::NewRule(RuleMessage {
                     attributes: vec![
-                        RuleAttribute::Table(NFT_GUARD_TABLE.into()),
+                        RuleAttribute::Table(name.into()),
                         RuleAttribute::Chain(CHAIN.into()),
                         RuleAttribute::Expressions(exprs.into_iter().map(Into::into).collect()),
                     ],
@@ -223,21 +235,111 @@ impl GuardPlan {
         }
         msgs
     }
+
+    /// The standby table replaced by a fresh one (whatever state it was in, or none).
+    fn standby_batch(&self) -> Vec<(NetfilterMessage, u16)> {
+        let mut msgs = standby_removal();
+        msgs.extend(self.table(NFT_GUARD_STANDBY_TABLE, false));
+        msgs
+    }
+
+    /// The batch a [`Guard::install`] sends: the owned table and a fresh standby table.
+    fn batch(&self) -> Vec<(NetfilterMessage, u16)> {
+        let mut msgs = self.table(NFT_GUARD_TABLE, true);
+        msgs.extend(self.standby_batch());
+        msgs
+    }
+}
+
+/// Removes the standby table whether or not it exists: create (a no-op if present), then
+/// delete, in one batch.
+fn standby_removal() -> Vec<(NetfilterMessage, u16)> {
+    let table = || TableMessage {
+        attributes: vec![TableAttribute::Name(NFT_GUARD_STANDBY_TABLE.into())],
+    };
+    vec![
+        (message(NfTablesMessage::NewTable(table())), NLM_F_CREATE),
+        (message(NfTablesMessage::DeleteTable(table())), 0),
+    ]
+}
+
+/// Sends `msgs` as one nf_tables batch on `nl`.
+fn commit(
+    nl: &mut Netlink,
+    what: &'static str,
+    msgs: Vec<(NetfilterMessage, u16)>,
+) -> Result<(), KernelError> {
+    nl.batch(
+        what,
+        control(ControlMessage::BatchBegin),
+        msgs,
+        control(ControlMessage::BatchEnd),
+    )
 }
 
 impl Guard {
-    /// Creates the guard table in `netns` through a socket of its own, kept open by the
-    /// returned value. Fails when the kernel refuses it (no nf_tables, a kernel before
-    /// 5.12 without owned tables, or a guard table another socket owns).
+    /// Creates the owned guard table in `netns` through a socket of its own, kept open by
+    /// the returned value, and replaces the standby table, in one batch. Fails when the
+    /// kernel refuses it (no nf_tables, a kernel before 5.12 without owned tables, or a
+    /// guard table another socket owns); then neither table changed.
     pub(crate) fn install(netns: &NetnsFd, plan: &GuardPlan) -> Result<Self, KernelError> {
+        let mut owner = in_netns(netns, || Netlink::open(NETLINK_NETFILTER))??;
+        commit(&mut owner, "nft guard", plan.batch())?;
+        Ok(Self {
+            owner,
+            plan: plan.clone(),
+        })
+    }
+
+    /// Whether the standby table holds the owned table's chain and rules, in order. Reads
+    /// over the guard's own socket: no thread enters the namespace.
+    pub fn standby_intact(&mut self) -> Result<bool, KernelError> {
+        let now = Ruleset::read_on(&mut self.owner, NftFamily::Inet)?;
+        Ok(
+            match (
+                now.table(NFT_GUARD_TABLE),
+                now.table(NFT_GUARD_STANDBY_TABLE),
+            ) {
+                (Some(owned), Some(standby)) => standby.same_chains(owned),
+                _ => false,
+            },
+        )
+    }
+
+    /// Replaces the standby table by a fresh one (deleted and re-created in one batch).
+    pub fn replace_standby(&mut self) -> Result<(), KernelError> {
+        commit(
+            &mut self.owner,
+            "nft guard standby",
+            self.plan.standby_batch(),
+        )
+    }
+
+    /// [`Self::replace_standby`] when not [`Self::standby_intact`] (deleted, flushed or
+    /// edited in the pod); `true` when it was replaced.
+    pub fn repair_standby(&mut self) -> Result<bool, KernelError> {
+        if self.standby_intact()? {
+            return Ok(false);
+        }
+        self.replace_standby()?;
+        Ok(true)
+    }
+
+    /// Removes the standby guard table from `netns` (absent is not an error): for a pod
+    /// that leaves the mesh or is no longer guarded, when no [`Guard`] is held for it.
+    pub fn remove_standby_in(netns: &NetnsFd) -> Result<(), KernelError> {
         let mut nl = in_netns(netns, || Netlink::open(NETLINK_NETFILTER))??;
-        nl.batch(
-            "nft guard",
-            control(ControlMessage::BatchBegin),
-            plan.batch(),
-            control(ControlMessage::BatchEnd),
-        )?;
-        Ok(Self { _owner: nl })
+        commit(&mut nl, "nft guard standby removal", standby_removal())
+    }
+
+    /// Removes the standby table (the pod leaves the mesh, or the agent is uninstalled);
+    /// the owned table goes when this value is dropped.
+    pub fn remove_standby(&mut self) -> Result<(), KernelError> {
+        commit(
+            &mut self.owner,
+            "nft guard standby removal",
+            standby_removal(),
+        )
     }
 }
 
@@ -264,7 +366,9 @@ mod tests {
         let last_is = |r: &Vec<Expressions>, code: u32| r.last() == Some(&verdict(code));
         assert!(last_is(rules.last().unwrap(), NF_DROP));
         assert!(rules[..5].iter().all(|r| last_is(r, NF_ACCEPT)));
-        // The batch: table, chain, one message per rule.
-        assert_eq!(plan.batch().len(), 2 + rules.len());
+        // The batch: owned table, chain, one message per rule; then the standby table
+        // removed (create, delete) and created the same way.
+        assert_eq!(plan.batch().len(), 2 + rules.len() + 2 + 2 + rules.len());
+        assert_eq!(standby_removal().len(), 2);
     }
 }

@@ -100,8 +100,12 @@ pub(crate) fn hook_name(hook: u32) -> &'static str {
 impl Ruleset {
     /// Reads the generation, then every table, chain and rule of `family`.
     pub(crate) fn read(family: NftFamily) -> Result<Self, KernelError> {
-        let mut nl = Netlink::open(NETLINK_NETFILTER)?;
-        let generation = read_generation(&mut nl)?;
+        Self::read_on(&mut Netlink::open(NETLINK_NETFILTER)?, family)
+    }
+
+    /// [`Self::read`] over an open nfnetlink socket (it reads the socket's namespace).
+    pub(crate) fn read_on(nl: &mut Netlink, family: NftFamily) -> Result<Self, KernelError> {
+        let generation = read_generation(nl)?;
         let mut tables = Vec::new();
         let table_req = message(
             family,
@@ -211,7 +215,7 @@ impl Ruleset {
         }
         // A change between the dumps shows as a new generation; the dumps then may not
         // belong together.
-        if read_generation(&mut nl)? != generation {
+        if read_generation(nl)? != generation {
             return Err(KernelError::Interrupted {
                 what: "nft ruleset read",
             });
@@ -223,6 +227,11 @@ impl Ruleset {
     /// commit happened in between, so not even a change and its undo).
     pub(crate) fn same_state(&self, other: &Ruleset) -> bool {
         self == other
+    }
+
+    /// The table named `name`, if present.
+    pub(crate) fn table(&self, name: &str) -> Option<&Table> {
+        self.tables.iter().find(|t| t.name == name)
     }
 
     /// One table in the form the `nft list table` parser produces; `None` when absent.
@@ -241,6 +250,44 @@ impl Ruleset {
             // Sets are not read: in-pod verification never looks at them.
             sets: Vec::new(),
         })
+    }
+}
+
+impl Table {
+    /// Whether `self` holds the same chains and rules as `other`, in the same order,
+    /// whatever the two tables are called (and whatever their own flags are).
+    pub(crate) fn same_chains(&self, other: &Table) -> bool {
+        fn chain(
+            c: &Chain,
+        ) -> (
+            &str,
+            Option<u32>,
+            Vec<&ChainAttribute>,
+            Vec<Vec<&RuleAttribute>>,
+        ) {
+            (
+                &c.name,
+                c.hook,
+                c.attrs
+                    .iter()
+                    .filter(|a| !matches!(a, ChainAttribute::Table(_)))
+                    .collect(),
+                c.rules
+                    .iter()
+                    .map(|r| {
+                        r.iter()
+                            .filter(|a| !matches!(a, RuleAttribute::Table(_)))
+                            .collect()
+                    })
+                    .collect(),
+            )
+        }
+        self.chains.len() == other.chains.len()
+            && self
+                .chains
+                .iter()
+                .zip(&other.chains)
+                .all(|(a, b)| chain(a) == chain(b))
     }
 }
 

@@ -102,11 +102,15 @@ impl InPod {
     /// Installs the pod's fail-closed guard in `netns` (see `kernel::guard`): while the
     /// returned value lives, TCP leaving the pod by any interface but `lo` that is not
     /// ztunnel's (or an answer to a kubelet probe) is dropped, whatever happens to the
-    /// redirection rules. `None` in ingress mode (inbound is unredirected by design there,
-    /// so the app answers its peers directly) and with virtual interfaces (traffic forwarded
-    /// for a VM behind them takes paths the guard does not model; not measured).
+    /// redirection rules; after it is dropped (the agent exits) the standby table keeps
+    /// dropping until [`Guard::remove_standby`]. `None` in ingress mode (inbound is
+    /// unredirected by design there, so the app answers its peers directly) and with
+    /// virtual interfaces (traffic forwarded for a VM behind them takes paths the guard
+    /// does not model; not measured); then a standby table left from when the pod was
+    /// guarded is removed.
     pub fn guard(&self, netns: &NetnsFd) -> Result<Option<Guard>, KernelError> {
         if self.config.ingress_mode || !self.config.virtual_interfaces.is_empty() {
+            Guard::remove_standby_in(netns)?;
             return Ok(None);
         }
         let plan = GuardPlan {
