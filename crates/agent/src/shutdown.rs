@@ -103,10 +103,39 @@ pub enum DaemonSetState {
     Unauthorized,
 }
 
+/// Why one DaemonSet lookup decided nothing (a transient failure, retried by
+/// [`DaemonSetCheck`]); each names the object asked about.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The API server could not be asked, or answered with an error that says nothing
+    /// about the object (5xx, 429, a timeout).
+    #[error("{kind} {name}: {source}")]
+    Api {
+        /// `DaemonSet` or `node`.
+        kind: &'static str,
+        /// `namespace/name` of the DaemonSet, or the node's name.
+        name: String,
+        /// What the client reported (boxed: it is large and this travels in a `Result`).
+        #[source]
+        source: Box<ambit_kubeapi::Error>,
+    },
+    /// The answer does not parse as the object.
+    #[error("{kind} {name}: unexpected shape: {source}")]
+    Decode {
+        /// `DaemonSet` or `node`.
+        kind: &'static str,
+        /// `namespace/name` of the DaemonSet, or the node's name.
+        name: String,
+        /// What the decoder reported.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Looks the DaemonSet up (a Kubernetes client implements this).
 pub trait DaemonSetLookup: Send + Sync + fmt::Debug {
     /// One attempt; `Err` is a transient failure worth a retry.
-    fn lookup(&self) -> BoxFuture<'_, Result<DaemonSetState, String>>;
+    fn lookup(&self) -> BoxFuture<'_, Result<DaemonSetState, LookupError>>;
 }
 
 /// Upstream's decision over a [`DaemonSetLookup`].
@@ -132,7 +161,8 @@ impl<L: DaemonSetLookup> UninstallCheck for DaemonSetCheck<L> {
                         return ShutdownKind::Uninstall;
                     }
                     Err(e) => {
-                        tracing::warn!(attempt, error = %e, "cannot look up agent DaemonSet");
+                        let error = crate::pods::kube::error_chain(&e);
+                        tracing::warn!(attempt, %error, "cannot look up agent DaemonSet");
                         if attempt < self.retries {
                             tokio::time::sleep(self.retry_delay).await;
                         }
@@ -257,17 +287,17 @@ mod tests {
 
     #[derive(Debug)]
     struct Script {
-        answers: Mutex<Vec<Result<DaemonSetState, String>>>,
+        answers: Mutex<Vec<Result<DaemonSetState, LookupError>>>,
         calls: AtomicU32,
     }
 
     impl DaemonSetLookup for Script {
-        fn lookup(&self) -> BoxFuture<'_, Result<DaemonSetState, String>> {
+        fn lookup(&self) -> BoxFuture<'_, Result<DaemonSetState, LookupError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let next = {
                 let mut a = self.answers.lock().unwrap_or_else(|e| e.into_inner());
                 if a.is_empty() {
-                    Err("exhausted".to_owned())
+                    Err(failure("exhausted"))
                 } else {
                     a.remove(0)
                 }
@@ -276,12 +306,21 @@ mod tests {
         }
     }
 
+    /// A transient failure (an undecodable answer) about the object `name`.
+    fn failure(name: &str) -> LookupError {
+        LookupError::Decode {
+            kind: "DaemonSet",
+            name: name.into(),
+            source: serde_json::from_str::<u8>("x").unwrap_err(),
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn daemonset_rule() {
         use DaemonSetState::*;
         use ShutdownKind::*;
-        type Answers = Vec<Result<DaemonSetState, String>>;
-        let err = || Err::<DaemonSetState, String>("timeout".into());
+        type Answers = Vec<Result<DaemonSetState, LookupError>>;
+        let err = || Err::<DaemonSetState, LookupError>(failure("istio-system/istio-cni-node"));
         // (answers, retries, decision, lookups made)
         let cases: Vec<(Answers, u32, ShutdownKind, u32)> = vec![
             (vec![Ok(Active)], 0, Upgrade, 1),

@@ -31,9 +31,9 @@ use ambit_kubeapi::Client;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::kube::error_chain;
 use crate::shutdown::{
-    BoxFuture, DaemonSetCheck, DaemonSetLookup, DaemonSetState, DisableSafeUpgrade, UninstallCheck,
+    BoxFuture, DaemonSetCheck, DaemonSetLookup, DaemonSetState, DisableSafeUpgrade, LookupError,
+    UninstallCheck,
 };
 
 /// The chart's DaemonSet name (`spec/cni.md` §1.10).
@@ -70,23 +70,31 @@ impl KubeDaemonSetLookup {
     }
 
     /// One lookup; `Err` is a transient failure.
-    pub async fn lookup_once(&self) -> Result<DaemonSetState, String> {
+    pub async fn lookup_once(&self) -> Result<DaemonSetState, LookupError> {
         let path = format!(
             "/apis/apps/v1/namespaces/{}/daemonsets/{}",
             self.namespace, self.name
         );
+        let ds_name = || format!("{}/{}", self.namespace, self.name);
         let ds = match self.client.get(&path).await {
             Ok(ds) => ds,
             Err(e) => {
                 return match e.status() {
                     Some(404) => Ok(DaemonSetState::NotFound),
                     Some(401 | 403) => Ok(DaemonSetState::Unauthorized),
-                    _ => Err(error_chain(&e)),
+                    _ => Err(LookupError::Api {
+                        kind: "DaemonSet",
+                        name: ds_name(),
+                        source: Box::new(e),
+                    }),
                 };
             }
         };
-        let ds = DaemonSet::deserialize(&ds)
-            .map_err(|e| format!("DaemonSet {}/{}: {e}", self.namespace, self.name))?;
+        let ds = DaemonSet::deserialize(&ds).map_err(|source| LookupError::Decode {
+            kind: "DaemonSet",
+            name: ds_name(),
+            source,
+        })?;
         if ds.metadata.deletion_timestamp.is_some() {
             return Ok(DaemonSetState::Deleting);
         }
@@ -113,11 +121,19 @@ impl KubeDaemonSetLookup {
                             "cannot read this node to check the DaemonSet's affinity; assuming it matches");
                         Ok(DaemonSetState::Active)
                     }
-                    _ => Err(error_chain(&e)),
+                    _ => Err(LookupError::Api {
+                        kind: "node",
+                        name: self.node.clone(),
+                        source: Box::new(e),
+                    }),
                 };
             }
         };
-        let node = Node::deserialize(&node).map_err(|e| format!("node {}: {e}", self.node))?;
+        let node = Node::deserialize(&node).map_err(|source| LookupError::Decode {
+            kind: "node",
+            name: self.node.clone(),
+            source,
+        })?;
         let labels = node.metadata.labels.unwrap_or_default();
         let name = node.metadata.name.unwrap_or_else(|| self.node.clone());
         let selector_ok = selector.iter().all(|(k, v)| labels.get(k) == Some(v));
@@ -131,7 +147,7 @@ impl KubeDaemonSetLookup {
 }
 
 impl DaemonSetLookup for KubeDaemonSetLookup {
-    fn lookup(&self) -> BoxFuture<'_, Result<DaemonSetState, String>> {
+    fn lookup(&self) -> BoxFuture<'_, Result<DaemonSetState, LookupError>> {
         Box::pin(self.lookup_once())
     }
 }
@@ -451,7 +467,7 @@ mod tests {
             let got = lookup(&server).lookup_once().await;
             match (&got, first) {
                 (Ok(state), Some(want)) => assert_eq!(*state, want, "{case}"),
-                (Err(e), None) => assert!(!e.is_empty(), "{case}"),
+                (Err(e), None) => assert!(!e.to_string().is_empty(), "{case}"),
                 _ => panic!("{case}: first lookup {got:?}, want {first:?}"),
             }
             // The whole decision, on a fresh server in the same state.
@@ -490,7 +506,47 @@ mod tests {
             json!({"metadata": {"name": "istio-cni-node-canary", "namespace": "istio-system"}}),
         );
         let canary = lookup.with_name("istio-cni-node-canary");
-        assert_eq!(canary.lookup_once().await, Ok(DaemonSetState::Active));
+        assert!(matches!(
+            canary.lookup_once().await,
+            Ok(DaemonSetState::Active)
+        ));
+    }
+
+    /// A failed lookup names the object it asked about and the cause.
+    #[tokio::test]
+    async fn lookup_errors_name_the_failing_input() {
+        use Setup::*;
+        // (setup, words the message must contain)
+        let cases: [(Setup, &[&str]); 4] = [
+            (
+                Garbage,
+                &["DaemonSet istio-system/istio-cni-node", "unexpected shape"],
+            ),
+            (
+                FailOnceThenPresent,
+                &["DaemonSet istio-system/istio-cni-node", "500"],
+            ),
+            (
+                FailOnceThenAbsent,
+                &["DaemonSet istio-system/istio-cni-node", "503"],
+            ),
+            (NodeFailsOnce, &["node n1", "500"]),
+        ];
+        for (setup, words) in cases {
+            let server = server_for(setup).await;
+            let lookup = KubeDaemonSetLookup::new(
+                Client::new(server.config()).unwrap(),
+                "istio-system",
+                "n1",
+            );
+            let message = match lookup.lookup_once().await {
+                Err(e) => e.to_string(),
+                Ok(state) => panic!("{setup:?}: decided {state:?}"),
+            };
+            for word in words {
+                assert!(message.contains(word), "{setup:?}: {message}");
+            }
+        }
     }
 
     fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
