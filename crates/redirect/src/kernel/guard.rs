@@ -28,8 +28,9 @@
 //!   agent exits, crashes or is replaced.
 //! - `inet ambit-guard-standby`, an ordinary table: it outlives the agent, so a pod whose
 //!   rules are flushed while no agent runs (crash, upgrade) still fails closed. Anything
-//!   root in the pod can delete it, so the agent checks it against the owned table on
-//!   every verification ([`Guard::repair_standby`]) and re-creates it when it differs. It
+//!   root in the pod can delete it (`nft flush ruleset` does: while no agent runs, that
+//!   flush still opens the pod), so the agent checks it against the owned table on every
+//!   verification ([`Guard::standby_intact`]) and re-creates it when it differs. It
 //!   is replaced (deleted and re-created in the same batch, so the pod never sees a gap)
 //!   whenever a guard is installed: a restarted agent adopts the one its predecessor left.
 //!   It is removed explicitly when the pod leaves the mesh ([`Guard::remove_standby`],
