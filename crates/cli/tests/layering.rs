@@ -27,9 +27,10 @@ const FORBIDDEN_DIRECT: &[(&str, &[&str], &str)] = &[(
     "the model is data and evaluation: no runtime, no sockets",
 )];
 
-/// The only crates that may depend on `nix` or `libc` themselves.
+/// The only crates that may depend on `nix` or `libc` themselves. `kubeapi` only to kill a
+/// timed-out credential plugin's process group (`killpg`; std has no call for it).
 const SYSTEM_CALLS: &[&str] = &[
-    "netns", "redirect", "agent", "topology", "bench", "mesh", "vm",
+    "netns", "redirect", "agent", "topology", "bench", "mesh", "vm", "kubeapi",
 ];
 
 /// The only crates whose targets may hold `unsafe`; every other library and binary root

@@ -14,12 +14,15 @@ use ambit_tls::pki_types::pem::PemObject;
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode, header};
+use k8s_openapi::jiff::Timestamp;
 use kube::client::Body;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{Auth, ConfigError, KubeConfig, Scheme, ServerUrl};
+use crate::config::{Auth, ClientIdentity, ConfigError, KubeConfig, Scheme, ServerUrl};
+use crate::exec::{ExecConfig, ExecError, ExecFailure};
 use crate::watch::WatchStream;
 
 /// Most pages one list may take.
@@ -38,6 +41,10 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The `exec` credential plugin failed (it runs on the first request and again before
+    /// its credential expires).
+    #[error("getting credentials")]
+    Credentials(#[source] Box<ExecError>),
     #[error("{what} timed out after {after:?}")]
     Timeout { what: &'static str, after: Duration },
     #[error("invalid request {0:?}")]
@@ -100,6 +107,8 @@ pub struct Limits {
     pub watch_idle: Duration,
     /// Items asked for per list page (`limit`).
     pub page_size: u32,
+    /// Longest an `exec` credential plugin may run before it is killed.
+    pub exec_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -112,6 +121,7 @@ impl Default for Limits {
             watch_timeout: Duration::from_secs(290),
             watch_idle: Duration::from_secs(350),
             page_size: 500,
+            exec_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -124,7 +134,8 @@ pub struct ObjectList {
     pub resource_version: String,
 }
 
-/// A Kubernetes API client. Cheap to clone.
+/// A Kubernetes API client. Cheap to clone; clones and [`Client::with_limits`] share one
+/// connection pool and one credential (one plugin run per credential lifetime).
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -132,9 +143,113 @@ pub struct Client {
 
 struct Inner {
     server: ServerUrl,
-    kube: kube::Client,
-    config: kube::Config,
+    transport: Arc<Transport>,
     limits: Limits,
+}
+
+/// The connection pool and the credentials.
+enum Transport {
+    /// Credentials fixed by the configuration (a token, a token file kube-rs re-reads as it
+    /// rotates, a client certificate, none).
+    Fixed(kube::Client),
+    /// An `exec` plugin's credential, fetched on first use and again before it expires or
+    /// after the server refused it.
+    Exec(Box<ExecTransport>),
+}
+
+struct ExecTransport {
+    plugin: ExecConfig,
+    /// kube-rs's configuration without the plugin's credential, and the pool built from it
+    /// (used while the plugin answers tokens only).
+    base: kube::Config,
+    pool: kube::Client,
+    deadline: Duration,
+    /// Held across a plugin run, so concurrent requests wait for one run (bounded by
+    /// `deadline`) instead of starting their own.
+    current: tokio::sync::Mutex<Option<ExecCurrent>>,
+}
+
+struct ExecCurrent {
+    kube: kube::Client,
+    identity: Option<ClientIdentity>,
+    header: Option<HeaderValue>,
+    expires: Option<Timestamp>,
+    refused: bool,
+}
+
+/// A credential is fetched again this long before its expiry (as client-go and kube-rs do).
+const EXPIRY_MARGIN: Duration = Duration::from_secs(60);
+
+impl ExecCurrent {
+    fn usable(&self) -> bool {
+        let margin = k8s_openapi::jiff::SignedDuration::try_from(EXPIRY_MARGIN)
+            .unwrap_or(k8s_openapi::jiff::SignedDuration::ZERO);
+        !self.refused
+            && self.expires.is_none_or(|at| {
+                Timestamp::now()
+                    .saturating_add(margin)
+                    .is_ok_and(|t| t < at)
+            })
+    }
+}
+
+impl Transport {
+    /// The pool to send on and the `Authorization` header to add (if ambit adds one).
+    async fn current(&self) -> Result<(kube::Client, Option<HeaderValue>), Error> {
+        let exec = match self {
+            Transport::Fixed(kube) => return Ok((kube.clone(), None)),
+            Transport::Exec(exec) => exec,
+        };
+        let mut current = exec.current.lock().await;
+        if let Some(c) = current.as_ref().filter(|c| c.usable()) {
+            return Ok((c.kube.clone(), c.header.clone()));
+        }
+        let fail = |f| Error::Credentials(Box::new(exec.plugin.error(f)));
+        let credential = exec
+            .plugin
+            .run(exec.deadline)
+            .await
+            .map_err(|e| Error::Credentials(Box::new(e)))?;
+        let header = match &credential.token {
+            Some(token) => {
+                let mut value = HeaderValue::try_from(format!("Bearer {token}"))
+                    .map_err(|_| fail(ExecFailure::InvalidToken))?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        // The pool is kept while the TLS identity stays the same; a new client certificate
+        // needs new connections.
+        let kube = match (current.take(), &credential.identity) {
+            (Some(c), identity) if c.identity == *identity => c.kube,
+            (_, None) => exec.pool.clone(),
+            (_, Some(_)) => {
+                let mut config = exec.base.clone();
+                if let Some(id) = &credential.identity {
+                    set_identity(&mut config, id);
+                }
+                kube::Client::try_from(config).map_err(|e| fail(ExecFailure::Identity(e)))?
+            }
+        };
+        *current = Some(ExecCurrent {
+            kube: kube.clone(),
+            identity: credential.identity,
+            header: header.clone(),
+            expires: credential.expires,
+            refused: false,
+        });
+        Ok((kube, header))
+    }
+
+    /// The server answered 401: the next request runs the plugin again (client-go's rule).
+    async fn refused(&self) {
+        if let Transport::Exec(exec) = self
+            && let Some(c) = exec.current.lock().await.as_mut()
+        {
+            c.refused = true;
+        }
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -146,51 +261,53 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client for `config`. Must be called inside a Tokio runtime (the transport starts
-    /// its worker task).
+    /// A client for `config` with the default [`Limits`]. Must be called inside a Tokio
+    /// runtime (the transport starts its worker task). Runs nothing: an `exec` plugin runs
+    /// on the first request, bounded by [`Limits::exec_timeout`].
     pub fn new(config: KubeConfig) -> Result<Self, ConfigError> {
-        let limits = Limits::default();
-        let kube_config = kube_config(config.clone(), &limits)?;
-        Self::build(config.server, kube_config, limits).map_err(|e| match (e, config.auth) {
-            (ConfigError::Client { source, .. }, Auth::Exec(exec)) => ConfigError::ExecPlugin {
-                command: exec.command,
-                source,
-            },
-            (e, _) => e,
-        })
+        Self::with_config_limits(config, Limits::default())
     }
 
-    fn build(server: ServerUrl, config: kube::Config, limits: Limits) -> Result<Self, ConfigError> {
-        let kube =
-            kube::Client::try_from(config.clone()).map_err(|source| ConfigError::Client {
+    /// [`Client::new`] with other [`Limits`]; the only way to set the transport's
+    /// [`Limits::connect_timeout`] and [`Limits::exec_timeout`].
+    pub fn with_config_limits(config: KubeConfig, limits: Limits) -> Result<Self, ConfigError> {
+        let server = config.server.clone();
+        let auth = config.auth.clone();
+        let kube_config = kube_config(config, &limits)?;
+        let pool =
+            kube::Client::try_from(kube_config.clone()).map_err(|source| ConfigError::Client {
                 server: server.to_string(),
                 source,
             })?;
+        let transport = match auth {
+            Auth::Exec(plugin) => Transport::Exec(Box::new(ExecTransport {
+                plugin,
+                base: kube_config,
+                pool,
+                deadline: limits.exec_timeout,
+                current: tokio::sync::Mutex::new(None),
+            })),
+            _ => Transport::Fixed(pool),
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 server,
-                kube,
-                config,
+                transport: Arc::new(transport),
                 limits,
             }),
         })
     }
 
-    /// The same client with other [`Limits`].
+    /// The same client (the same connection pool and credential) with other request
+    /// [`Limits`]. The transport's connect and plugin timeouts stay those it was built with
+    /// ([`Client::with_config_limits`]).
     pub fn with_limits(self, limits: Limits) -> Self {
-        let mut config = self.inner.config.clone();
-        config.connect_timeout = Some(limits.connect_timeout);
-        match Self::build(self.inner.server.clone(), config, limits.clone()) {
-            Ok(client) => client,
-            // The same configuration built once already; keep the old transport.
-            Err(_) => Self {
-                inner: Arc::new(Inner {
-                    server: self.inner.server.clone(),
-                    kube: self.inner.kube.clone(),
-                    config: self.inner.config.clone(),
-                    limits,
-                }),
-            },
+        Self {
+            inner: Arc::new(Inner {
+                server: self.inner.server.clone(),
+                transport: self.inner.transport.clone(),
+                limits,
+            }),
         }
     }
 
@@ -425,15 +542,20 @@ impl Client {
             }
             None => Body::empty(),
         };
-        let request = request
+        let mut request = request
             .body(body)
             .map_err(|_| Error::InvalidRequest(uri.clone()))?;
-        let response = self
-            .inner
-            .kube
+        let (kube, authorization) = self.inner.transport.current().await?;
+        if let Some(value) = authorization {
+            request.headers_mut().insert(header::AUTHORIZATION, value);
+        }
+        let response = kube
             .send(request)
             .await
             .map_err(|source| self.transport(source))?;
+        if response.status() == StatusCode::UNAUTHORIZED {
+            self.inner.transport.refused().await;
+        }
         self.check(method, path, response).await
     }
 
@@ -514,19 +636,24 @@ fn kube_config(config: KubeConfig, limits: &Limits) -> Result<kube::Config, Conf
         }
         out.root_cert = Some(roots);
     }
-    let auth = &mut out.auth_info;
     if let Some(id) = &config.client_identity {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        auth.client_certificate_data = Some(b64.encode(&id.cert_pem));
-        auth.client_key_data = Some(b64.encode(&id.key_pem).into());
+        set_identity(&mut out, id);
     }
+    let auth = &mut out.auth_info;
     match config.auth {
-        Auth::None => {}
+        // The plugin is ambit's to run (crate::exec): kube-rs would run it with no deadline.
+        Auth::None | Auth::Exec(_) => {}
         Auth::Token(token) => auth.token = Some(token.into()),
         Auth::TokenFile(path) => auth.token_file = Some(path_string(&path)),
-        Auth::Exec(exec) => auth.exec = Some(exec.to_kube()),
     }
     Ok(out)
+}
+
+/// Presents `id` as the TLS client certificate.
+fn set_identity(config: &mut kube::Config, id: &ClientIdentity) {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    config.auth_info.client_certificate_data = Some(b64.encode(&id.cert_pem));
+    config.auth_info.client_key_data = Some(b64.encode(&id.key_pem).into());
 }
 
 fn path_string(path: &std::path::Path) -> String {

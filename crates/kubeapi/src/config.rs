@@ -42,13 +42,6 @@ pub enum ConfigError {
     NoCa { url: String },
     #[error("the certificate authority for {url} holds no readable PEM certificate")]
     Ca { url: String },
-    /// The `exec` credential plugin failed (kube-rs runs it while building the client).
-    #[error("running the credential plugin {command}")]
-    ExecPlugin {
-        command: PathBuf,
-        #[source]
-        source: kube::Error,
-    },
     /// kube-rs refused the configuration (an unusable client certificate or key, roots).
     #[error("building the Kubernetes client for {server}")]
     Client {
@@ -427,7 +420,7 @@ impl KubeConfig {
                     (Some(t), _, _) if !t.is_empty() => Auth::Token(t.clone()),
                     (_, Some(f), _) if !f.is_empty() => Auth::TokenFile(o.resolve(f)),
                     (_, _, Some(exec)) => {
-                        Auth::Exec(exec_config(exec, o.dir).map_err(|r| o.err(r))?)
+                        Auth::Exec(exec_config(exec, &o, user_name).map_err(|r| o.err(r))?)
                     }
                     _ => Auth::None,
                 };
@@ -636,7 +629,7 @@ struct ExecEnv {
     value: String,
 }
 
-fn exec_config(e: &ExecEntry, dir: &Path) -> Result<ExecConfig, String> {
+fn exec_config(e: &ExecEntry, o: &Origin<'_>, user: &str) -> Result<ExecConfig, String> {
     let api_version = e
         .api_version
         .clone()
@@ -654,7 +647,7 @@ fn exec_config(e: &ExecEntry, dir: &Path) -> Result<ExecConfig, String> {
         return Err("exec command is empty".into());
     }
     Ok(ExecConfig {
-        command: resolve_command(&e.command, dir),
+        command: resolve_command(&e.command, o.dir),
         args: e.args.clone().unwrap_or_default(),
         env: e
             .env
@@ -663,6 +656,8 @@ fn exec_config(e: &ExecEntry, dir: &Path) -> Result<ExecConfig, String> {
             .map(|v| (v.name.clone(), v.value.clone()))
             .collect(),
         api_version,
+        user: user.to_string(),
+        kubeconfig: o.file.to_string(),
     })
 }
 
@@ -995,6 +990,8 @@ users:
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
                 api_version: "client.authentication.k8s.io/v1beta1".into(),
+                user: "u1".into(),
+                kubeconfig: "kc".into(),
             })
         };
         let cases = [

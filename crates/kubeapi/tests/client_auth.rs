@@ -5,8 +5,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use ambit_kubeapi::testing::{FakeApiServer, TOKEN_REVIEWS, TokenIdentity};
-use ambit_kubeapi::{Auth, Client, ConfigError, ExecConfig, Limits};
+use ambit_kubeapi::testing::{FakeApiServer, Route, TOKEN_REVIEWS, TokenIdentity};
+use ambit_kubeapi::{Auth, Client, Error, ExecConfig, Limits};
 use serde_json::{Value, json};
 
 const PODS: &str = "/api/v1/pods";
@@ -76,6 +76,8 @@ fn plugin(dir: &std::path::Path, expires: &str) -> ExecConfig {
         args: vec![],
         env: vec![("RUNS".into(), dir.join("runs").display().to_string())],
         api_version: "client.authentication.k8s.io/v1".into(),
+        user: "u1".into(),
+        kubeconfig: "kc".into(),
     }
 }
 
@@ -95,23 +97,44 @@ fn bearer_tokens(server: &FakeApiServer) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn exec_plugin_tokens_are_cached() {
+async fn exec_plugin_tokens_are_cached_and_shared() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = FakeApiServer::start().await.expect("fake server");
     let mut config = server.config();
     config.auth = Auth::Exec(plugin(dir.path(), ""));
-    // kube-rs runs the plugin while building the client.
     let client = Client::new(config).expect("client");
-    let built = runs(dir.path());
-    assert!(built >= 1, "the plugin ran");
+    assert_eq!(runs(dir.path()), 0, "building the client runs nothing");
     client.list(PODS, None).await.expect("list");
     client.list(PODS, None).await.expect("list");
-    assert_eq!(runs(dir.path()), built, "the token is reused");
-    assert_eq!(bearer_tokens(&server), ["Bearer token-1", "Bearer token-1"]);
+    // Other limits and clones are the same client: the same token, the same connection.
+    let small = client.clone().with_limits(Limits {
+        page_size: 1,
+        ..Limits::default()
+    });
+    small.list(PODS, None).await.expect("list");
+    client.clone().list(PODS, None).await.expect("list");
+    assert_eq!(runs(dir.path()), 1, "one run for every request");
+    assert_eq!(bearer_tokens(&server), ["Bearer token-1"; 4]);
+    assert_eq!(server.connections(), 1, "one connection pool");
+
+    // A refused token (401) is fetched again on the next request, as client-go does.
+    server.respond_once(
+        Route::List(PODS.into()),
+        401,
+        r#"{"reason":"Unauthorized"}"#,
+    );
+    let err = client.list(PODS, None).await.expect_err("refused");
+    assert_eq!(err.status(), Some(401), "{err:?}");
+    client.list(PODS, None).await.expect("list");
+    assert_eq!(runs(dir.path()), 2, "run again after the 401");
+    assert_eq!(
+        bearer_tokens(&server).last().map(String::as_str),
+        Some("Bearer token-2")
+    );
 }
 
 #[tokio::test]
-async fn expired_exec_tokens_are_fetched_again_and_plugin_failures_named() {
+async fn expired_or_refused_exec_tokens_are_fetched_again_and_plugin_failures_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = FakeApiServer::start().await.expect("fake server");
     let mut config = server.config();
@@ -121,10 +144,10 @@ async fn expired_exec_tokens_are_fetched_again_and_plugin_failures_named() {
         r#","expirationTimestamp":"2001-01-01T00:00:00Z""#,
     ));
     let client = Client::new(config.clone()).expect("client");
-    let built = runs(dir.path());
     client.list(PODS, None).await.expect("list");
     client.list(PODS, None).await.expect("list");
-    assert_eq!(runs(dir.path()), built + 2);
+    assert_eq!(runs(dir.path()), 2);
+    assert_eq!(bearer_tokens(&server), ["Bearer token-1", "Bearer token-2"]);
 
     let mut broken = config;
     broken.auth = Auth::Exec(ExecConfig {
@@ -132,14 +155,22 @@ async fn expired_exec_tokens_are_fetched_again_and_plugin_failures_named() {
         args: vec![],
         env: vec![],
         api_version: "client.authentication.k8s.io/v1".into(),
+        user: "u1".into(),
+        kubeconfig: "/etc/kc".into(),
     });
-    // kube-rs runs the plugin while building the client, so that is where it fails.
-    let err = Client::new(broken).expect_err("no plugin");
-    assert!(matches!(err, ConfigError::ExecPlugin { .. }), "{err:?}");
-    assert!(
-        format!("{:#}", anyhow_like(&err)).contains("/nonexistent/plugin"),
-        "{err:?}"
-    );
+    // The plugin runs on the first request, so that is where it fails.
+    let client = Client::new(broken).expect("client");
+    let err = client.list(PODS, None).await.expect_err("no plugin");
+    assert!(matches!(err, Error::Credentials(_)), "{err:?}");
+    let line = anyhow_like(&err);
+    for part in [
+        "/nonexistent/plugin",
+        "\"u1\"",
+        "/etc/kc",
+        "could not be started",
+    ] {
+        assert!(line.contains(part), "{part:?} not in {line:?}");
+    }
 }
 
 /// The error with its sources, as a log line shows it.
@@ -199,7 +230,7 @@ async fn token_reviews_and_outages() {
 }
 
 #[tokio::test]
-async fn client_certificates_from_the_kubeconfig_are_presented() {
+async fn client_certificates_from_the_kubeconfig_or_a_plugin_are_presented() {
     use ambit_tls::rustls;
     let ca = ambit_tls::LocalCa::generate("cluster.local").expect("ca");
     let server_cert = ca
@@ -238,14 +269,36 @@ async fn client_certificates_from_the_kubeconfig_are_presented() {
         without.list(PODS, None).await.is_err(),
         "the server requires a client certificate"
     );
-    config.client_identity = Some(ambit_kubeapi::ClientIdentity {
-        cert_pem: client.chain_summaries()[0].pem.clone(),
-        key_pem: client.private_key().pem().to_string(),
+    let (cert_pem, key_pem) = (
+        client.chain_summaries()[0].pem.clone(),
+        client.private_key().pem().to_string(),
+    );
+    // The same certificate from an exec plugin's answer (clientCertificateData).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let answer = dir.path().join("answer.json");
+    let credential = json!({"apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {"clientCertificateData": cert_pem, "clientKeyData": key_pem}});
+    std::fs::write(&answer, credential.to_string()).expect("answer");
+    let script = dir.path().join("cert-plugin.sh");
+    std::fs::write(&script, "#!/bin/sh\ncat \"$ANSWER\"\n").expect("plugin");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut from_plugin = config.clone();
+    from_plugin.auth = Auth::Exec(ExecConfig {
+        command: script,
+        args: vec![],
+        env: vec![("ANSWER".into(), answer.display().to_string())],
+        api_version: "client.authentication.k8s.io/v1".into(),
+        user: "u1".into(),
+        kubeconfig: "kc".into(),
     });
-    let with = Client::new(config).expect("client");
-    with.list(PODS, None)
-        .await
-        .expect("listed with a client certificate");
+    config.client_identity = Some(ambit_kubeapi::ClientIdentity { cert_pem, key_pem });
+    for (how, config) in [("the kubeconfig", config), ("an exec plugin", from_plugin)] {
+        let with = Client::new(config).expect("client");
+        with.list(PODS, None)
+            .await
+            .unwrap_or_else(|e| panic!("listed with a client certificate from {how}: {e:?}"));
+    }
 }
 
 fn admin_identity() -> ambit_model::SpiffeId {
