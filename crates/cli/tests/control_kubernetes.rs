@@ -1,7 +1,8 @@
 //! `ambit control` on a cluster, against the fake API server: objects from the Kubernetes
 //! source, callers authenticated with service-account tokens by TokenReview (audience
 //! istio-ca), node-scoped impersonation from the token's pod claims as istiod does, and a
-//! brief API server outage. The CA is called over gRPC/TLS as ztunnel calls it. No root.
+//! brief API server outage; one Kubernetes client (one credential plugin run) for the
+//! source and TokenReview. The CA is called over gRPC/TLS as ztunnel calls it. No root.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -38,9 +39,13 @@ struct Control {
 }
 
 async fn start(server: &FakeApiServer) -> Control {
+    start_with(server.config()).await
+}
+
+async fn start_with(kube: ambit_kubeapi::KubeConfig) -> Control {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = ControlConfig {
-        source: ObjectSource::Kubernetes(Box::new(server.config())),
+        source: ObjectSource::Kubernetes(Box::new(kube)),
         listen: "127.0.0.1:0".parse().expect("addr"),
         state_dir: dir.path().join("state"),
         auth: CallerAuth::TokenReview {
@@ -314,4 +319,62 @@ async fn token_reviewed_node_proxies_get_only_their_nodes_identities() {
             }
         }
     }
+}
+
+/// The object source and the TokenReview authorizer share one client: an `exec` credential
+/// plugin runs once for both, and every request carries its one token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_and_token_review_share_one_client() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = FakeApiServer::start().await.expect("fake server");
+    server.apply("/api/v1/namespaces", json!({"metadata": {"name": "demo"}}));
+    server.apply(
+        PODS,
+        pod("demo", "web-1", "u-web", "web", "n1", "10.0.1.10"),
+    );
+    server.add_token(
+        "web",
+        TokenIdentity::pod_bound("demo", "web", ("web-1", "u-web"), "n1", &["istio-ca"]),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runs = dir.path().join("runs");
+    let script = dir.path().join("plugin.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n\
+         n=$(( $(cat \"$RUNS\" 2>/dev/null || echo 0) + 1 )); echo $n > \"$RUNS\"\n\
+         printf '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\
+         \"status\":{\"token\":\"plugin-token-%s\"}}' $n\n",
+    )
+    .expect("plugin");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut kube = server.config();
+    kube.auth = ambit_kubeapi::Auth::Exec(ambit_kubeapi::ExecConfig {
+        command: script,
+        args: vec![],
+        env: vec![("RUNS".into(), runs.display().to_string())],
+        api_version: "client.authentication.k8s.io/v1".into(),
+        user: "control".into(),
+        kubeconfig: "kc".into(),
+    });
+    let control = start_with(kube).await;
+    assert_eq!(
+        certificate(&control, "web", &id("demo", "web"), false).await,
+        Ok(())
+    );
+    let requests = server.requests();
+    assert!(
+        requests.iter().any(|r| r.path.ends_with("/tokenreviews"))
+            && requests.iter().any(|r| r.path == PODS),
+        "both the source and the authorizer called the API server: {requests:?}"
+    );
+    let tokens: std::collections::BTreeSet<_> =
+        requests.iter().map(|r| r.authorization.clone()).collect();
+    assert_eq!(
+        tokens,
+        [Some("Bearer plugin-token-1".to_string())].into(),
+        "every request with the one run's token"
+    );
+    let ran = std::fs::read_to_string(&runs).expect("runs");
+    assert_eq!(ran.trim(), "1", "the plugin ran once");
 }

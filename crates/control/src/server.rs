@@ -196,6 +196,12 @@ fn pod_index(cluster: &crate::translate::Cluster) -> PodIndex {
 trait Authorizer: crate::ca::CaAuthorizer + crate::xds::XdsAuthorizer {}
 impl<T: crate::ca::CaAuthorizer + crate::xds::XdsAuthorizer> Authorizer for T {}
 
+/// Where the objects come from, with the one Kubernetes client of the process.
+enum Objects<'a> {
+    Directory(&'a std::path::Path),
+    Kubernetes(ambit_kubeapi::Client),
+}
+
 /// Runs until `shutdown` completes. Returns the bound address through `bound` (tests bind
 /// port 0).
 pub async fn run(
@@ -224,21 +230,28 @@ pub async fn run(
             .get(node)
             .is_some_and(|ids| ids.contains(id))
     };
-    let authorizer: Arc<dyn Authorizer> = match (&cfg.auth, &cfg.source) {
+    // One Kubernetes client for the process: one connection pool and one credential (one
+    // exec plugin run) for the TokenReview authorizer and the object source.
+    let objects = match &cfg.source {
+        ObjectSource::Kubernetes(kube) => {
+            Objects::Kubernetes(ambit_kubeapi::Client::new((**kube).clone())?)
+        }
+        ObjectSource::Directory(dir) => Objects::Directory(dir),
+    };
+    let authorizer: Arc<dyn Authorizer> = match (&cfg.auth, &objects) {
         (CallerAuth::Tokens(path), _) => {
             Arc::new(StaticAuthorizer::new(load_tokens(path)?, on_node))
         }
-        (CallerAuth::TokenReview { node_accounts }, ObjectSource::Kubernetes(kube)) => {
-            let client = ambit_kubeapi::Client::new((**kube).clone())?;
+        (CallerAuth::TokenReview { node_accounts }, Objects::Kubernetes(client)) => {
             Arc::new(TokenReviewAuthorizer::new(
-                client,
+                client.clone(),
                 cfg.cluster.trust_domain.clone(),
                 node_accounts.clone(),
                 pods.clone(),
                 on_node,
             ))
         }
-        (CallerAuth::TokenReview { .. }, ObjectSource::Directory(_)) => {
+        (CallerAuth::TokenReview { .. }, Objects::Directory(_)) => {
             return Err(ControlError::TokenReviewWithoutKubernetes);
         }
     };
@@ -258,15 +271,14 @@ pub async fn run(
     };
     // Both sources publish whole-cluster snapshots on a watch channel; the guard keeps the
     // source's task alive.
-    let (mut clusters, _source_guard): (_, Box<dyn std::any::Any + Send>) = match &cfg.source {
-        ObjectSource::Directory(dir) => {
+    let (mut clusters, _source_guard): (_, Box<dyn std::any::Any + Send>) = match objects {
+        Objects::Directory(dir) => {
             let watch = DirectorySource::new(dir, cfg.cluster.clone())
                 .watch()
                 .await?;
             (watch.subscribe(), Box::new(watch))
         }
-        ObjectSource::Kubernetes(kube) => {
-            let client = ambit_kubeapi::Client::new((**kube).clone())?;
+        Objects::Kubernetes(client) => {
             let watch = crate::kube_source::KubeSource::new(client, cfg.cluster.clone())
                 .watch()
                 .await?;
