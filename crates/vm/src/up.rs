@@ -36,6 +36,10 @@ pub const STOP_GRACE: Duration = Duration::from_secs(10);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The pid file `vm down` signals, in [`Config::run_dir`].
 pub const PID_FILE: &str = "vm-up.pid";
+/// Present in [`Config::run_dir`] while ztunnel is ready and the rules are in place (written
+/// after step 4, removed first on stop): what a supervisor (`ambit up`) waits for before it
+/// starts the VM's own programs.
+pub const READY_FILE: &str = "vm-up.ready";
 
 /// What `ambit vm up` needs besides the bundle.
 #[derive(Debug, Clone)]
@@ -298,8 +302,15 @@ pub fn run(cfg: &Config, rules: &dyn NetnsRunner, stop: &AtomicBool) -> Result<(
     let env = ztunnel_env(&bundle, &cp);
     let pid_path = cfg.run_dir.join(PID_FILE);
     let mut z = Ztunnel::new(cfg, env);
-    let started = start(cfg, &bundle, rules, stop, &mut z, &pid_path);
+    let ready_path = cfg.run_dir.join(READY_FILE);
+    let started = start(cfg, &bundle, rules, stop, &mut z, &pid_path).and_then(|()| {
+        std::fs::write(&ready_path, b"").map_err(|source| UpError::PidFile {
+            path: ready_path.clone(),
+            source,
+        })
+    });
     if let Err(e) = started {
+        let _ = std::fs::remove_file(&ready_path);
         let cleanup = ambit_redirect::vm::delete_all(rules);
         z.stop();
         let _ = std::fs::remove_file(&pid_path);
@@ -327,6 +338,7 @@ pub fn run(cfg: &Config, rules: &dyn NetnsRunner, stop: &AtomicBool) -> Result<(
         std::thread::sleep(Duration::from_millis(100));
     }
     tracing::info!("stopping: removing the VM rules, then ztunnel");
+    let _ = std::fs::remove_file(&ready_path);
     let cleanup = ambit_redirect::vm::delete_all(rules);
     z.stop();
     let _ = std::fs::remove_file(&pid_path);
@@ -342,6 +354,8 @@ fn start(
     z: &mut Ztunnel,
     pid_path: &Path,
 ) -> Result<(), UpError> {
+    // A killed run's ready mark must not announce this one.
+    let _ = std::fs::remove_file(cfg.run_dir.join(READY_FILE));
     std::fs::create_dir_all(&cfg.run_dir)
         .and_then(|()| std::fs::write(pid_path, format!("{}\n", std::process::id())))
         .map_err(|source| UpError::PidFile {

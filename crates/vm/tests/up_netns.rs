@@ -339,7 +339,11 @@ fn up_captures_once_ready_and_stop_removes_every_rule() {
         v.dir.path().join("run").join(up::PID_FILE).exists(),
         "pid file for vm down"
     );
+    let ready = v.dir.path().join("run").join(up::READY_FILE);
+    eventually("the ready mark", || ready.exists());
+    assert!(v.rules_present(), "ready marked before the rules");
     running.stop().unwrap();
+    assert!(!ready.exists(), "ready mark left after stop");
     assert!(!v.rules_present(), "rules left after stop");
     assert!(v.answers(22) && v.answers(8080), "after");
     assert!(
