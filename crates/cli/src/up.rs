@@ -228,6 +228,15 @@ fn summary(mesh: &Mesh, run_dir: &std::path::Path) {
             },
         ]);
     }
+    for v in &st.vms {
+        rows.push([
+            v.namespace.clone(),
+            v.name.clone(),
+            "(VM)".into(),
+            v.ip.to_string(),
+            format!("VM of WorkloadGroup {} (HBONE)", v.group),
+        ]);
+    }
     table(&rows, progress);
     let rd = if run_dir == std::path::Path::new(DEFAULT_RUN_DIR) {
         String::new()
@@ -391,6 +400,20 @@ pub fn status(args: StatusArgs) -> ExitCode {
                     p.redirection.clone().unwrap_or_else(|| "-".into()),
                     yes(p.running),
                     p.restarts.to_string(),
+                ]);
+            }
+            // VMs in the same columns: NODE is the group, ENROLLED the VM's ztunnel ready.
+            for v in &st.vms {
+                rows.push([
+                    v.namespace.clone(),
+                    v.name.clone(),
+                    format!("(VM of {})", v.group),
+                    v.ip.to_string(),
+                    yes(true),
+                    yes(v.ztunnel.ready),
+                    "vm up".into(),
+                    yes(v.running && v.ztunnel.running),
+                    format!("{}/{}", v.ztunnel.restarts, v.restarts),
                 ]);
             }
             table(&rows, say);

@@ -1,6 +1,7 @@
 //! `ambit exec POD -- CMD`: a command inside a pod's network namespace with the pod's
 //! container environment — the host's filesystem, the pod's network (so its traffic is
-//! captured like the pod's own).
+//! captured like the pod's own). A VM (`kind: VirtualMachine`) is reached the same way, by
+//! its name: the command runs in the VM's namespace with the VM command's environment.
 
 use std::process::Command;
 
@@ -35,22 +36,34 @@ pub fn command(
     let state = run
         .load()?
         .ok_or_else(|| ExecError::NoMesh(run.root().to_path_buf()))?;
-    let p = state.pod(pod).ok_or_else(|| ExecError::UnknownPod {
-        pod: pod.to_owned(),
-        known: state
-            .pods
-            .iter()
-            .map(|p| format!("{}/{}", p.namespace, p.name))
-            .collect::<Vec<_>>()
-            .join(", "),
-    })?;
+    let (name, netns, env) = match (state.pod(pod), state.vm(pod)) {
+        (Some(p), _) => (&p.name, &p.netns, &p.env),
+        (None, Some(v)) => (&v.name, &v.netns, &v.env),
+        (None, None) => {
+            return Err(ExecError::UnknownPod {
+                pod: pod.to_owned(),
+                known: state
+                    .pods
+                    .iter()
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+                    .chain(
+                        state
+                            .vms
+                            .iter()
+                            .map(|v| format!("{}/{} (VM)", v.namespace, v.name)),
+                    )
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    };
     let (program, args) = argv.split_first().ok_or(ExecError::NoCommand)?;
     let mut cmd = Command::new(program);
-    set_command_netns(&mut cmd, &NetnsFd::open(&p.netns)?)?;
+    set_command_netns(&mut cmd, &NetnsFd::open(netns)?)?;
     cmd.args(args)
         .env_clear()
         .envs(base_env.iter().cloned())
-        .env("HOSTNAME", &p.name)
-        .envs(p.env.iter().cloned());
+        .env("HOSTNAME", name)
+        .envs(env.iter().cloned());
     Ok(cmd)
 }

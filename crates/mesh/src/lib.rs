@@ -21,13 +21,16 @@
 //! | [`pod_source`] | the node agents' pod source: a watched manifest directory, annotations to files |
 //! | [`restart`] | running a node's ztunnel or agent again from its recorded command |
 //! | [`supervise`] | restarting what exits on its own (kubelet's `restartPolicy: Always`) |
+//! | [`vm`] | VMs (`kind: VirtualMachine`): a namespace on the node network, its bundle, `ambit vm up`, its command |
 //! | `probe` | TCP/HTTP from inside a namespace |
 //!
 //! Layout of a run directory: `state.json`; `api.sock`; `manifests/mesh.yaml` (what `ambit
 //! control` watches); `control/` (CA root); `tokens.yaml`;
 //! `nodes/NODE/{ztunnel.sock, cni/, pods/, status/}` (`status/` holds the agent's
 //! redirection annotations);
-//! `pods/NAME.NAMESPACE/` (a pod's working directory); `logs/` (kept after `down`).
+//! `pods/NAME.NAMESPACE/` (a pod's working directory);
+//! `vms/vm.NAME.NAMESPACE/{bundle/, run/}` (a VM's bundle and `vm up`'s run directory; the
+//! VM command's working directory); `logs/` (kept after `down`).
 //!
 //! This crate touches `nix` only for signals to recorded pids; namespaces go through
 //! `ambit-netns` and `ambit-topology`.
@@ -48,6 +51,7 @@ pub mod state;
 pub mod status;
 pub mod supervise;
 pub mod up;
+pub mod vm;
 pub mod ztunnel_config;
 
 pub use apply::ApplyError;

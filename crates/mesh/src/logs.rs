@@ -39,6 +39,11 @@ fn from_record(rec: &ProcessRecord) -> Option<LogFile> {
         Role::Agent { node } => (format!("agent-{node}"), vec![format!("cni-agent-{node}")]),
         Role::Ztunnel { node } => (format!("ztunnel-{node}"), vec![]),
         Role::Pod { namespace, name } => (format!("{namespace}/{name}"), vec![name.clone()]),
+        // `vm up` with the VM's ztunnel; the VM's command is named like a pod's process.
+        Role::Vm { namespace, name } => {
+            (format!("vm-{namespace}/{name}"), vec![format!("vm-{name}")])
+        }
+        Role::VmCommand { namespace, name } => (format!("{namespace}/{name}"), vec![name.clone()]),
     };
     Some(LogFile {
         name,

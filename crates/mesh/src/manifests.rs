@@ -17,6 +17,9 @@ use ambit_control::objects::{self, Kind, ObjectError, ObjectKey, ObjectSet, Orig
 use serde::Deserialize;
 use serde_norway::{Mapping, Value};
 
+pub mod vms;
+pub use vms::VmPlan;
+
 /// The annotation the agent sets on enrolled pods.
 pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 
@@ -68,6 +71,13 @@ pub enum ManifestError {
     NothingToApply { file: String },
     #[error("{origin}: {object} not found")]
     NotFound { origin: Origin, object: String },
+    #[error("{origin} (VirtualMachine): {message}")]
+    BadVm { origin: Origin, message: String },
+    #[error(
+        "{origin}: a VirtualMachine cannot be applied to or deleted from a running mesh \
+         (change the manifests and run `ambit up` again)"
+    )]
+    VmChange { origin: Origin },
 }
 
 /// One pod to create.
@@ -110,6 +120,7 @@ pub struct Manifests {
     docs: Vec<Document>,
     set: ObjectSet,
     pods: Vec<PodPlan>,
+    vms: Vec<VmPlan>,
 }
 
 /// What an `apply` or `delete` changes, by object (`Kind namespace/name`).
@@ -165,17 +176,22 @@ impl Manifests {
     /// across files), then what the embedded mesh needs of pods.
     pub fn from_texts(texts: &[(String, String)]) -> Result<Self, ManifestError> {
         let mut docs = Vec::new();
+        let mut vms = Vec::new();
         for (name, text) in texts {
-            docs.extend(documents(name, text)?);
+            let (objects, machines) = documents(name, text)?;
+            docs.extend(objects);
+            for (origin, value) in machines {
+                vms.push(vms::parse(&origin, &value)?);
+            }
         }
-        let m = Self::from_documents(docs)?;
+        let m = Self::from_documents(docs, vms)?;
         if m.pods.is_empty() {
             return Err(ManifestError::NoPods);
         }
         Ok(m)
     }
 
-    fn from_documents(docs: Vec<Document>) -> Result<Self, ManifestError> {
+    fn from_documents(docs: Vec<Document>, mut vms: Vec<VmPlan>) -> Result<Self, ManifestError> {
         let mut set = ObjectSet::new();
         for doc in &docs {
             let text = serde_norway::to_string(&doc.value).map_err(|e| ObjectError::Yaml {
@@ -190,14 +206,20 @@ impl Manifests {
             }
         }
         let pods = plan_pods(&set)?;
-        Ok(Self { docs, set, pods })
+        vms::plan(&set, &mut vms)?;
+        Ok(Self {
+            docs,
+            set,
+            pods,
+            vms,
+        })
     }
 
     /// `kubectl apply -f`: every object of `text` (named `file` in errors) replaces the object
     /// with the same kind, namespace and name, or is added. The result is checked as a whole;
     /// on error nothing changes (`self` is untouched either way).
     pub fn apply(&self, file: &str, text: &str) -> Result<(Self, Change), ManifestError> {
-        let applied = documents(file, text)?;
+        let applied = objects_only(file, text)?;
         if applied.is_empty() {
             return Err(ManifestError::NothingToApply {
                 file: file.to_owned(),
@@ -219,14 +241,14 @@ impl Manifests {
                 }
             }
         }
-        Ok((Self::from_documents(docs)?, change))
+        Ok((Self::from_documents(docs, self.vms.clone())?, change))
     }
 
     /// `kubectl delete -f`: removes every object `text` names (by kind, namespace and name;
     /// the rest of each document is ignored). An object that does not exist is an error
     /// naming its document; the result is checked as a whole; on error nothing changes.
     pub fn delete(&self, file: &str, text: &str) -> Result<(Self, Change), ManifestError> {
-        let named = documents(file, text)?;
+        let named = objects_only(file, text)?;
         if named.is_empty() {
             return Err(ManifestError::NothingToApply {
                 file: file.to_owned(),
@@ -244,12 +266,30 @@ impl Manifests {
             docs.remove(pos);
             change.deleted.push(key_label(&doc.key));
         }
-        Ok((Self::from_documents(docs)?, change))
+        Ok((Self::from_documents(docs, self.vms.clone())?, change))
     }
 
     /// The pods, in manifest order.
     pub fn pods(&self) -> &[PodPlan] {
         &self.pods
+    }
+
+    /// The VMs (`kind: VirtualMachine`), in manifest order.
+    pub fn vms(&self) -> &[VmPlan] {
+        &self.vms
+    }
+
+    /// The text of the WorkloadGroup `namespace/name` as the user wrote it (what `ambit vm
+    /// configure` reads).
+    pub fn workload_group_text(&self, namespace: &str, name: &str) -> Option<String> {
+        self.docs
+            .iter()
+            .find(|d| {
+                d.key.kind == Kind::WorkloadGroup
+                    && d.key.namespace == namespace
+                    && d.key.name == name
+            })
+            .and_then(|d| serde_norway::to_string(&d.value).ok())
     }
 
     /// The loaded objects.
@@ -315,9 +355,61 @@ fn key_label(key: &ObjectKey) -> String {
     }
 }
 
+/// [`documents`] of a change (`apply`, `delete`): VMs are fixed for the life of a mesh.
+fn objects_only(file: &str, text: &str) -> Result<Vec<Document>, ManifestError> {
+    let (docs, vms) = documents(file, text)?;
+    match vms.into_iter().next() {
+        Some((origin, _)) => Err(ManifestError::VmChange { origin }),
+        None => Ok(docs),
+    }
+}
+
+/// The VirtualMachine documents of `text` taken out: the text the object loader reads (each
+/// VM document an empty one, so the others keep their numbers) and the VMs with their
+/// origins. A text that does not parse is returned unchanged for the loader to report.
+fn split_vms(file: &str, text: &str) -> (Option<String>, Vec<(Origin, Value)>) {
+    let mut values = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(text) {
+        match Value::deserialize(doc) {
+            Ok(v) => values.push(v),
+            Err(_) => return (None, Vec::new()),
+        }
+    }
+    if !values.iter().any(vms::is_vm) {
+        return (None, Vec::new());
+    }
+    let mut rest = String::new();
+    let mut found = Vec::new();
+    for (i, value) in values.into_iter().enumerate() {
+        rest.push_str("---\n");
+        if vms::is_vm(&value) {
+            let origin = Origin {
+                file: file.to_owned(),
+                document: i + 1,
+            };
+            found.push((origin, value));
+            rest.push_str("null\n");
+        } else {
+            match serde_norway::to_string(&value) {
+                Ok(t) => rest.push_str(&t),
+                // A parsed value always serialises; let the loader see the original.
+                Err(_) => return (None, Vec::new()),
+            }
+        }
+    }
+    (Some(rest), found)
+}
+
 /// The non-empty documents of one file, each with its key, after the loader's checks (so
-/// YAML errors, unknown kinds and duplicates inside the file name the file and document).
-fn documents(file: &str, text: &str) -> Result<Vec<Document>, ManifestError> {
+/// YAML errors, unknown kinds and duplicates inside the file name the file and document),
+/// and its VirtualMachine documents apart.
+#[allow(clippy::type_complexity)]
+fn documents(
+    file: &str,
+    text: &str,
+) -> Result<(Vec<Document>, Vec<(Origin, Value)>), ManifestError> {
+    let (rest, vms) = split_vms(file, text);
+    let text = rest.as_deref().unwrap_or(text);
     let objects = objects::load_documents(file, text)?;
     let mut values = Vec::new();
     for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
@@ -334,7 +426,7 @@ fn documents(file: &str, text: &str) -> Result<Vec<Document>, ManifestError> {
         })?;
         values.push((origin, value));
     }
-    Ok(objects
+    let docs = objects
         .into_iter()
         .filter_map(|o| {
             let (origin, value) = values.iter().find(|(origin, _)| *origin == o.origin)?;
@@ -344,7 +436,8 @@ fn documents(file: &str, text: &str) -> Result<Vec<Document>, ManifestError> {
                 value: value.clone(),
             })
         })
-        .collect())
+        .collect();
+    Ok((docs, vms))
 }
 
 /// The mapping under `key`, created (or replacing a non-mapping) if needed.

@@ -63,6 +63,11 @@ impl RunDir {
     pub fn pod(&self, topology_name: &str) -> PathBuf {
         self.root.join("pods").join(topology_name)
     }
+    /// A VM's directory (`bundle/` as `ambit vm configure` writes it, `run/` for `vm up`,
+    /// the working directory of its command).
+    pub fn vm(&self, topology_name: &str) -> PathBuf {
+        self.root.join("vms").join(topology_name)
+    }
     /// Where a node's agent writes its pods' redirection annotations (one file per pod,
     /// `NAMESPACE_NAME`): the API server's copy of what the agent patched.
     pub fn pod_status(&self, node: &str) -> PathBuf {
@@ -80,6 +85,7 @@ impl RunDir {
             self.tokens(),
             self.root.join("nodes"),
             self.root.join("pods"),
+            self.root.join("vms"),
             self.api_socket(),
             self.state(),
         ]
@@ -138,9 +144,26 @@ pub enum Phase {
 pub enum Role {
     Orchestrator,
     Control,
-    Agent { node: String },
-    Ztunnel { node: String },
-    Pod { namespace: String, name: String },
+    Agent {
+        node: String,
+    },
+    Ztunnel {
+        node: String,
+    },
+    Pod {
+        namespace: String,
+        name: String,
+    },
+    /// A VM's `ambit vm up` (its ztunnel is its child).
+    Vm {
+        namespace: String,
+        name: String,
+    },
+    /// The command a VM runs.
+    VmCommand {
+        namespace: String,
+        name: String,
+    },
 }
 
 impl std::fmt::Display for Role {
@@ -151,6 +174,8 @@ impl std::fmt::Display for Role {
             Role::Agent { node } => write!(f, "cni-agent/{node}"),
             Role::Ztunnel { node } => write!(f, "ztunnel/{node}"),
             Role::Pod { namespace, name } => write!(f, "pod {namespace}/{name}"),
+            Role::Vm { namespace, name } => write!(f, "vm {namespace}/{name}"),
+            Role::VmCommand { namespace, name } => write!(f, "vm {namespace}/{name} command"),
         }
     }
 }
@@ -261,6 +286,24 @@ pub struct PodState {
     pub workdir: PathBuf,
 }
 
+/// A VM (`kind: VirtualMachine`): a namespace on the node network, bootstrapped from the
+/// bundle in `dir/bundle`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmState {
+    pub namespace: String,
+    pub name: String,
+    /// The WorkloadGroup it registers into.
+    pub group: String,
+    pub ip: Ipv4Addr,
+    pub netns: PathBuf,
+    /// `spiffe://…` of the group's service account.
+    pub identity: String,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// The VM's directory (bundle, `vm up`'s run directory, the command's working directory).
+    pub dir: PathBuf,
+}
+
 /// `state.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MeshState {
@@ -271,6 +314,8 @@ pub struct MeshState {
     pub root_cert: PathBuf,
     pub nodes: Vec<NodeState>,
     pub pods: Vec<PodState>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vms: Vec<VmState>,
     pub processes: Vec<ProcessRecord>,
     /// How often the supervisor restarted each component after it exited on its own
     /// (deliberate restarts and hand-offs are not counted, as in a pod's `restartCount`).
@@ -314,6 +359,19 @@ impl MeshState {
 
     pub fn pod(&self, query: &str) -> Option<&PodState> {
         find_pod(&self.pods, query)
+    }
+
+    /// A VM by `namespace/name`, or by `name` when that is unique.
+    pub fn vm(&self, query: &str) -> Option<&VmState> {
+        if let Some((ns, name)) = query.split_once('/') {
+            return self
+                .vms
+                .iter()
+                .find(|v| v.namespace == ns && v.name == name);
+        }
+        let mut matches = self.vms.iter().filter(|v| v.name == query);
+        let first = matches.next()?;
+        matches.next().is_none().then_some(first)
     }
 }
 

@@ -20,6 +20,23 @@ pub struct Status {
     pub control: ControlStatus,
     pub nodes: Vec<NodeStatus>,
     pub pods: Vec<PodStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub vms: Vec<VmStatus>,
+}
+
+/// A VM (`kind: VirtualMachine`).
+#[derive(Debug, Clone, Serialize)]
+pub struct VmStatus {
+    pub namespace: String,
+    pub name: String,
+    pub group: String,
+    pub ip: Ipv4Addr,
+    pub identity: String,
+    /// `ambit vm up` and its ztunnel: running, and ztunnel's readiness in the VM's namespace.
+    pub ztunnel: Component,
+    /// The VM's command runs.
+    pub running: bool,
+    pub restarts: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -174,6 +191,33 @@ fn collect(run: &RunDir, state: &MeshState) -> Status {
         },
         nodes,
         pods,
+        vms: state.vms.iter().map(|v| vm_status(state, v)).collect(),
+    }
+}
+
+fn vm_status(state: &MeshState, v: &crate::state::VmState) -> VmStatus {
+    let up = Role::Vm {
+        namespace: v.namespace.clone(),
+        name: v.name.clone(),
+    };
+    let command = Role::VmCommand {
+        namespace: v.namespace.clone(),
+        name: v.name.clone(),
+    };
+    let ready = SocketAddr::from(([127, 0, 0, 1], ports::ZTUNNEL_READINESS));
+    VmStatus {
+        namespace: v.namespace.clone(),
+        name: v.name.clone(),
+        group: v.group.clone(),
+        ip: v.ip,
+        identity: v.identity.clone(),
+        ztunnel: Component {
+            running: running(state, &up),
+            ready: crate::probe::ok(&v.netns, ready, "/healthz/ready"),
+            restarts: state.restarts(&up),
+        },
+        running: running(state, &command),
+        restarts: state.restarts(&command),
     }
 }
 

@@ -300,6 +300,11 @@ impl Mesh {
                 .pods
                 .iter()
                 .any(|p| &p.namespace == namespace && &p.name == name && p.created),
+            Role::Vm { namespace, name } | Role::VmCommand { namespace, name } => self
+                .state
+                .vms
+                .iter()
+                .any(|v| &v.namespace == namespace && &v.name == name),
         }
     }
 
@@ -327,6 +332,12 @@ impl Mesh {
                 .iter()
                 .find(|p| &p.namespace == namespace && &p.name == name)
                 .map(|p| p.netns.clone()),
+            Role::Vm { namespace, name } | Role::VmCommand { namespace, name } => self
+                .state
+                .vms
+                .iter()
+                .find(|v| &v.namespace == namespace && &v.name == name)
+                .map(|v| v.netns.clone()),
         }
     }
 

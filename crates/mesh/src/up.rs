@@ -130,6 +130,8 @@ pub enum UpError {
     NotRunning { role: Role },
     #[error("{role} (pid {pid}) did not stop")]
     Stuck { role: Role, pid: u32 },
+    #[error(transparent)]
+    Vm(#[from] crate::vm::VmError),
 }
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
@@ -194,6 +196,7 @@ impl Mesh {
             root_cert: run.control().join("root-cert.pem"),
             nodes: Vec::new(),
             pods: Vec::new(),
+            vms: Vec::new(),
             processes: vec![process::current(Role::Orchestrator)],
             restarts: Vec::new(),
         };
@@ -249,8 +252,13 @@ impl Mesh {
         for n in &nodes {
             b = b.pod(n.clone(), ztunnel_pod_name(n, 1));
         }
+        // VMs are namespaces on the node network, after the nodes (whose addresses they
+        // leave alone), with no agent or ztunnel of a node.
+        for vm in self.manifests.vms() {
+            b = b.node(vm.topology_name.clone());
+        }
         let topo = b.build()?;
-        for n in topo.nodes() {
+        for n in topo.nodes().filter(|n| nodes.iter().any(|m| m == n.name())) {
             let dir = self.run.node(n.name());
             std::fs::create_dir_all(dir.join("cni")).map_err(io_err(&dir))?;
             std::fs::create_dir_all(dir.join("pods")).map_err(io_err(&dir))?;
@@ -300,6 +308,7 @@ impl Mesh {
                 workdir,
             });
         }
+        self.plan_vms(&topo)?;
         let bridge_ip = topo.addressing().bridge_ip();
         let bridge_netns = topo.bridge().path();
         self.topology = Some(topo);
@@ -313,15 +322,11 @@ impl Mesh {
         let mut tokens = String::from("tokens:\n");
         let mut node_tokens = BTreeMap::new();
         for n in &nodes {
-            let token: String = {
-                let mut rng = rand::rng();
-                (0..32)
-                    .map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)]))
-                    .collect()
-            };
+            let token = random_token();
             tokens += &format!("- token: \"{token}\"\n  node: \"{n}\"\n");
             node_tokens.insert(n.clone(), token);
         }
+        let vm_tokens = self.vm_tokens(&mut tokens);
         write_atomic(&self.run.tokens(), tokens.as_bytes()).map_err(io_err(&self.run.tokens()))?;
         for n in &nodes {
             let path = self.run.node(n).join("pods/pods.yaml");
@@ -450,6 +455,11 @@ impl Mesh {
         for i in 0..self.state.pods.len() {
             self.check_cancel()?;
             self.create_pod(i, progress)?;
+        }
+        // VMs: their bundle, `ambit vm up`, then their command.
+        for i in 0..self.state.vms.len() {
+            self.check_cancel()?;
+            self.start_vm(i, &vm_tokens, progress)?;
         }
         self.state.phase = Phase::Ready;
         self.run.save(&self.state)?;
@@ -623,7 +633,7 @@ impl Mesh {
     }
 
     /// `program` inside `netns` with only the base environment.
-    fn command(&self, program: &Path, netns: &Path) -> Result<Command, UpError> {
+    pub(crate) fn command(&self, program: &Path, netns: &Path) -> Result<Command, UpError> {
         let mut cmd = Command::new(program);
         set_command_netns(&mut cmd, &NetnsFd::open(netns)?)?;
         cmd.env_clear()
@@ -642,7 +652,7 @@ impl Mesh {
     }
 
     /// Polls `ready` until it holds, failing early if `role`'s process exits.
-    fn wait_for(
+    pub(crate) fn wait_for(
         &mut self,
         what: &str,
         role: &Role,
@@ -750,6 +760,13 @@ impl Drop for Mesh {
             tracing::warn!(error = %e, "mesh teardown incomplete");
         }
     }
+}
+
+pub(crate) fn random_token() -> String {
+    let mut rng = rand::rng();
+    (0..32)
+        .map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)]))
+        .collect()
 }
 
 /// The topology name of a node's ztunnel pod (no `.`: never a user pod's `name.namespace`).
