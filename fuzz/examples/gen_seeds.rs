@@ -139,6 +139,7 @@ fn zds_seeds() -> std::io::Result<()> {
         name: "pod".into(),
         namespace: "default".into(),
         service_account: "sa".into(),
+        windows_namespace: None,
     };
     let mut payloads = Vec::new();
     for uid in ["uid-1", ""] {

@@ -98,6 +98,7 @@ async fn snapshot_then_updates() {
         name: "name-a".into(),
         namespace: "ns".into(),
         service_account: "sa".into(),
+        windows_namespace: None,
     };
     assert_eq!(
         seen,

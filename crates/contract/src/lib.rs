@@ -9,7 +9,8 @@
 //! | [`marks`] | the packet mark ztunnel puts on its sockets, the connection mark and the policy-routing table the in-pod rules use |
 //! | [`env`] | the one environment reader: every bad variable at once, each error naming the variable, its value and what was expected |
 //! | [`values`] | the value grammars of upstream's configuration: Go's ParseBool, Go's ParseDuration plus bare seconds |
-//! | [`zds`] | ZDS framing: the pod uid, requests, answers and hello as bytes, the message size limit (the transport is `ambit_netns::SeqPacket`) |
+//! | [`zds`] | ZDS framing: the pod uid, requests, answers and hello as bytes, the message size limit (the transport is `ambit_netns::zds`), on Linux and Windows |
+//! | [`windows`] | the Windows node's pipe names and sizes, the exempt SID, compartment numbers |
 
 #![forbid(unsafe_code)]
 
@@ -17,4 +18,5 @@ pub mod env;
 pub mod marks;
 pub mod ports;
 pub mod values;
+pub mod windows;
 pub mod zds;

@@ -1,16 +1,17 @@
-//! ZDS framing (`spec/cni.md` §4, `spec/ztunnel.md` §2): what the CNI agent and ztunnel put
-//! in each `SOCK_SEQPACKET` datagram. One protobuf message per datagram, at most
-//! [`MAX_MESSAGE`] bytes; `AddWorkload` carries the pod's netns as the one `SCM_RIGHTS`
-//! descriptor, every other message none. The transport itself (the socket, descriptor
-//! passing) is `ambit_netns::SeqPacket`; this module is pure functions on bytes, so both
-//! ends and the fuzz targets share one reading of the wire.
+//! ZDS framing (`spec/cni.md` §4, `spec/ztunnel.md` §2, `spec/windows.md` §2): what the CNI
+//! agent and ztunnel put in each message. One protobuf message per `SOCK_SEQPACKET` datagram
+//! (Linux) or per named-pipe message (Windows), at most [`MAX_MESSAGE`] bytes. On Linux
+//! `AddWorkload` carries the pod's netns as the one `SCM_RIGHTS` descriptor and every other
+//! message none ([`decode_request`]); on Windows nothing rides along and the pod's HNS
+//! namespace is `WorkloadInfo.windows_namespace` ([`decode_request_windows`]). The transport
+//! itself is `ambit_netns::zds`; this module is pure functions on bytes, so both ends, both
+//! platforms and the fuzz targets share one reading of the wire.
 //!
 //! The conversation: ztunnel connects and sends `ZdsHello{V1}` ([`encode_hello`], bytes
 //! `08 01`); the agent sends [`Request`]s one at a time and ztunnel answers each with an
 //! [`Answer`] ([`encode_ack`], an empty error is an ACK, bytes `0a 00`).
 
 use std::fmt;
-use std::os::fd::OwnedFd;
 
 use ambit_proto::zds::{
     self, AddWorkload, DelWorkload, KeepWorkload, SnapshotSent, WorkloadRequest, WorkloadResponse,
@@ -18,7 +19,7 @@ use ambit_proto::zds::{
 };
 use prost::Message;
 
-pub use ambit_proto::zds::WorkloadInfo;
+pub use ambit_proto::zds::{WindowsNamespace, WorkloadInfo};
 
 /// Both peers read each datagram into a buffer of this size and treat truncation as an
 /// error, so every message sent must be strictly smaller.
@@ -224,22 +225,20 @@ pub enum RequestError<E> {
 
 /// Decodes one request datagram and its descriptor, checking the descriptor rules: exactly
 /// one with `AddWorkload` (turned into `Fd` by `netns`, which may refuse it), none with
-/// anything else. An unused descriptor is closed when the error is dropped.
+/// anything else. `A` is what the transport received beside the datagram (an `OwnedFd` on
+/// Linux). An unused descriptor is closed when the error is dropped.
 ///
 /// Checks run in this order: decoding, payload, descriptor presence, `netns`, uid,
 /// `workload_info`.
-pub fn decode_request<Fd, E>(
+pub fn decode_request<A, Fd, E>(
     data: &[u8],
-    fd: Option<OwnedFd>,
-    netns: impl FnOnce(OwnedFd) -> Result<Fd, E>,
+    fd: Option<A>,
+    netns: impl FnOnce(A) -> Result<Fd, E>,
 ) -> Result<Request<Fd>, RequestError<E>> {
     let req = WorkloadRequest::decode(data)?;
     let no_fd = |message: &'static str| match &fd {
         Some(_) => Err(RequestError::UnexpectedFd { message }),
         None => Ok(()),
-    };
-    let uid = |uid: String, message: &'static str| {
-        PodUid::new(uid).map_err(|EmptyUid| RequestError::MissingUid { message })
     };
     match req.payload.ok_or(RequestError::NoPayload)? {
         Payload::Add(add) => {
@@ -273,6 +272,62 @@ pub fn decode_request<Fd, E>(
             Ok(Request::SnapshotSent)
         }
     }
+}
+
+/// Why an `AddWorkload` received over the Windows named pipe names no usable namespace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WindowsNamespaceError {
+    /// `workload_info.windows_namespace` is absent (upstream's ztunnel panics here).
+    #[error("no windows_namespace")]
+    Missing,
+    /// `windows_namespace.guid` is empty.
+    #[error("windows_namespace without a guid")]
+    EmptyGuid,
+}
+
+/// Decodes one request message received over the Windows named pipe (`spec/windows.md` §2):
+/// no descriptor ever rides along, and `AddWorkload` names the pod's HNS namespace in
+/// `workload_info.windows_namespace`, which becomes the request's `netns`. A missing
+/// namespace or guid is [`RequestError::BadFd`] with a [`WindowsNamespaceError`]: a NACK,
+/// never a panic. `windows_namespace.id` 0 (no compartment yet) is valid here; what to do
+/// with it is the receiver's decision.
+///
+/// Checks run in this order: decoding, payload, uid, `workload_info`, `windows_namespace`.
+pub fn decode_request_windows(
+    data: &[u8],
+) -> Result<Request<WindowsNamespace>, RequestError<WindowsNamespaceError>> {
+    let req = WorkloadRequest::decode(data)?;
+    match req.payload.ok_or(RequestError::NoPayload)? {
+        Payload::Add(add) => {
+            let uid = uid(add.uid, "AddWorkload")?;
+            let Some(info) = add.workload_info else {
+                return Err(RequestError::MissingWorkloadInfo { uid });
+            };
+            let bad = |source| RequestError::BadFd {
+                uid: uid.as_str().to_owned(),
+                source,
+            };
+            let netns = match &info.windows_namespace {
+                None => return Err(bad(WindowsNamespaceError::Missing)),
+                Some(ns) if ns.guid.is_empty() => {
+                    return Err(bad(WindowsNamespaceError::EmptyGuid));
+                }
+                Some(ns) => ns.clone(),
+            };
+            Ok(Request::Add { uid, info, netns })
+        }
+        Payload::Keep(keep) => Ok(Request::Keep {
+            uid: uid(keep.uid, "KeepWorkload")?,
+        }),
+        Payload::Del(del) => Ok(Request::Del {
+            uid: uid(del.uid, "DelWorkload")?,
+        }),
+        Payload::SnapshotSent(_) => Ok(Request::SnapshotSent),
+    }
+}
+
+fn uid<E>(uid: String, message: &'static str) -> Result<PodUid, RequestError<E>> {
+    PodUid::new(uid).map_err(|EmptyUid| RequestError::MissingUid { message })
 }
 
 /// `ZdsHello{version: V1}` (bytes `08 01`), ztunnel's first datagram.
@@ -352,15 +407,21 @@ mod tests {
             name: "n".into(),
             namespace: "ns".into(),
             service_account: "sa".into(),
+            windows_namespace: None,
         }
     }
 
-    fn some_fd() -> OwnedFd {
-        std::fs::File::open("/dev/null").unwrap().into()
+    /// What a transport received beside a datagram (a descriptor on Linux); the framing
+    /// only cares whether there is one.
+    #[derive(Debug, PartialEq)]
+    struct Attached;
+
+    fn some_fd() -> Attached {
+        Attached
     }
 
     /// Accepts any descriptor.
-    fn keep(fd: OwnedFd) -> Result<OwnedFd, std::convert::Infallible> {
+    fn keep(fd: Attached) -> Result<Attached, std::convert::Infallible> {
         Ok(fd)
     }
 
@@ -436,9 +497,9 @@ mod tests {
         }
         .encode_to_vec();
         type Check = fn(&RequestError<&'static str>) -> bool;
-        let refuse = |_: OwnedFd| Err::<OwnedFd, _>("not a netns");
+        let refuse = |_: Attached| Err::<Attached, _>("not a netns");
         /// (name, datagram, descriptor, the receiver refuses the descriptor, expected error)
-        type Case = (&'static str, Vec<u8>, Option<OwnedFd>, bool, Check);
+        type Case = (&'static str, Vec<u8>, Option<Attached>, bool, Check);
         let cases: Vec<Case> = vec![
             ("garbage", vec![0xff, 0xff, 0xff], None, false, |e| {
                 matches!(e, RequestError::Decode(_))
@@ -512,5 +573,124 @@ mod tests {
     fn uids_are_never_empty() {
         assert_eq!(PodUid::new(""), Err(EmptyUid));
         assert_eq!("p".parse::<PodUid>().unwrap().as_str(), "p");
+    }
+
+    fn windows_add(uid: &str, info: Option<WorkloadInfo>) -> Vec<u8> {
+        WorkloadRequest {
+            payload: Some(Payload::Add(AddWorkload {
+                uid: uid.into(),
+                workload_info: info,
+            })),
+        }
+        .encode_to_vec()
+    }
+
+    fn windows_info(ns: Option<(u32, &str)>) -> WorkloadInfo {
+        WorkloadInfo {
+            name: "a".into(),
+            namespace: "b".into(),
+            service_account: "c".into(),
+            windows_namespace: ns.map(|(id, guid)| WindowsNamespace {
+                id,
+                guid: guid.into(),
+            }),
+        }
+    }
+
+    /// `spec/windows.md` §2.2: the hand-encoded bytes of every Windows message, both ways.
+    #[test]
+    fn windows_wire_bytes_match_the_spec() {
+        let add: Request<()> = Request::Add {
+            uid: uid("u1"),
+            info: windows_info(Some((7, "G"))),
+            netns: (),
+        };
+        let add_bytes = [
+            0x0a, 0x16, 0x0a, 0x02, 0x75, 0x31, 0x12, 0x10, 0x0a, 0x01, 0x61, 0x12, 0x01, 0x62,
+            0x1a, 0x01, 0x63, 0x2a, 0x05, 0x08, 0x07, 0x12, 0x01, 0x47,
+        ];
+        assert_eq!(add.encode().unwrap(), add_bytes);
+        match decode_request_windows(&add_bytes).unwrap() {
+            Request::Add { uid, info, netns } => {
+                assert_eq!(uid, "u1");
+                assert_eq!(info, windows_info(Some((7, "G"))));
+                assert_eq!((netns.id, netns.guid.as_str()), (7, "G"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(encode_ack(Some("e")), [0x0a, 0x03, 0x0a, 0x01, 0x65]);
+        let cases: [(Request<()>, &[u8]); 3] = [
+            (Request::SnapshotSent, &[0x1a, 0x00]),
+            (
+                Request::Keep { uid: uid("u1") },
+                &[0x2a, 0x04, 0x0a, 0x02, 0x75, 0x31],
+            ),
+            (
+                Request::Del { uid: uid("u1") },
+                &[0x12, 0x04, 0x12, 0x02, 0x75, 0x31],
+            ),
+        ];
+        for (req, bytes) in cases {
+            assert_eq!(req.encode().unwrap(), bytes, "{}", req.kind());
+            let got = decode_request_windows(bytes).unwrap();
+            assert_eq!((got.kind(), got.uid()), (req.kind(), req.uid()));
+        }
+    }
+
+    #[test]
+    fn windows_rejections_are_errors_not_panics() {
+        type Check = fn(&RequestError<WindowsNamespaceError>) -> bool;
+        let cases: Vec<(&str, Vec<u8>, Check)> = vec![
+            ("garbage", vec![0xff, 0xff], |e| {
+                matches!(e, RequestError::Decode(_))
+            }),
+            ("no payload", vec![], |e| {
+                matches!(e, RequestError::NoPayload)
+            }),
+            ("add without workload_info", windows_add("u1", None), |e| {
+                matches!(e, RequestError::MissingWorkloadInfo { .. })
+            }),
+            (
+                "add without windows_namespace",
+                windows_add("u1", Some(windows_info(None))),
+                |e| {
+                    matches!(
+                        e,
+                        RequestError::BadFd {
+                            source: WindowsNamespaceError::Missing,
+                            ..
+                        }
+                    )
+                },
+            ),
+            (
+                "add with an empty guid",
+                windows_add("u1", Some(windows_info(Some((3, ""))))),
+                |e| {
+                    matches!(
+                        e,
+                        RequestError::BadFd {
+                            source: WindowsNamespaceError::EmptyGuid,
+                            ..
+                        }
+                    )
+                },
+            ),
+            (
+                "add without uid",
+                windows_add("", Some(windows_info(Some((3, "G"))))),
+                |e| matches!(e, RequestError::MissingUid { .. }),
+            ),
+        ];
+        for (name, data, check) in cases {
+            let err = decode_request_windows(&data).expect_err(name);
+            assert!(check(&err), "{name}: {err}");
+        }
+        // No compartment yet is a valid Add: the receiver decides to wait.
+        let pending = windows_add("u1", Some(windows_info(Some((0, "G")))));
+        assert!(matches!(
+            decode_request_windows(&pending),
+            Ok(Request::Add { netns, .. }) if netns.id == 0
+        ));
     }
 }

@@ -95,6 +95,7 @@ impl Pod {
                 name: self.name.into(),
                 namespace: "default".into(),
                 service_account: self.name.into(),
+                windows_namespace: None,
             }),
         }))
     }

@@ -71,6 +71,53 @@ fn cases() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             })),
             "0a 08 0a 01 78 12 03 0a 01 70",
         ),
+        // The Windows delta (spec/windows.md §2.2): the pod's HNS namespace rides in
+        // WorkloadInfo field 5 instead of as a descriptor; these are the spec's own bytes.
+        (
+            "Windows Add{u1, info{a, b, c, windows_namespace{7, G}}}",
+            request(Req::Add(zds::AddWorkload {
+                uid: "u1".into(),
+                workload_info: Some(zds::WorkloadInfo {
+                    name: "a".into(),
+                    namespace: "b".into(),
+                    service_account: "c".into(),
+                    windows_namespace: Some(zds::WindowsNamespace {
+                        id: 7,
+                        guid: "G".into(),
+                    }),
+                }),
+            })),
+            "0a 16 0a 02 75 31 12 10 0a 01 61 12 01 62 1a 01 63 2a 05 08 07 12 01 47",
+        ),
+        (
+            "Windows nack(e)",
+            zds::WorkloadResponse {
+                payload: Some(zds::workload_response::Payload::Ack(zds::Ack {
+                    error: "e".into(),
+                })),
+            }
+            .encode_to_vec(),
+            "0a 03 0a 01 65",
+        ),
+        (
+            "Windows keep(u1)",
+            request(Req::Keep(zds::KeepWorkload { uid: "u1".into() })),
+            "2a 04 0a 02 75 31",
+        ),
+        (
+            "Windows del(u1)",
+            request(Req::Del(zds::DelWorkload { uid: "u1".into() })),
+            "12 04 12 02 75 31",
+        ),
+        (
+            "WindowsNamespace{id 0} is omitted, guid kept",
+            zds::WindowsNamespace {
+                id: 0,
+                guid: "G".into(),
+            }
+            .encode_to_vec(),
+            "12 01 47",
+        ),
         (
             "WorkloadInfo.service_account is field 3",
             zds::WorkloadInfo {

@@ -21,6 +21,7 @@ fn all_decoders() -> Vec<(String, Decoder)> {
     decoders![
         zds::ZdsHello,
         zds::WorkloadInfo,
+        zds::WindowsNamespace,
         zds::AddWorkload,
         zds::KeepWorkload,
         zds::DelWorkload,

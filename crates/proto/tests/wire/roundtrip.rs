@@ -50,6 +50,11 @@ pub fn cases() -> Vec<Case> {
             version: zds::Version::V1.into(),
         }),
         case(s::workload_info()),
+        case(s::windows_namespace()),
+        case(zds::WorkloadInfo {
+            windows_namespace: Some(s::windows_namespace()),
+            ..s::workload_info()
+        }),
         case(zds::AddWorkload {
             uid: "u".into(),
             workload_info: Some(s::workload_info()),

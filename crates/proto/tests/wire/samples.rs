@@ -28,6 +28,14 @@ pub fn workload_info() -> zds::WorkloadInfo {
         name: "pod-a".into(),
         namespace: "ns".into(),
         service_account: "sa".into(),
+        windows_namespace: None,
+    }
+}
+
+pub fn windows_namespace() -> zds::WindowsNamespace {
+    zds::WindowsNamespace {
+        id: 7,
+        guid: "0b1c5a7e-3d2f-4e6a-9b8c-1d2e3f405162".into(),
     }
 }
 
