@@ -70,3 +70,23 @@ ensure_kubernetes_validate() {
     fi
     export AMBIT_KUBERNETES_VALIDATE="$venv/bin/kubernetes-validate"
 }
+
+# The Windows build and its tests under Wine (docs/windows.md): the x86_64-pc-windows-gnu
+# Rust target, Debian's mingw-w64 (linker, dlltool; also builds the Wine test stub) and
+# wine64. Installs what is missing; a failed install is an error (scripts/test stops).
+WINDOWS_TARGET=x86_64-pc-windows-gnu
+ensure_windows_toolchain() {
+    if ! rustup target list --installed 2>/dev/null | grep -qx "$WINDOWS_TARGET"; then
+        log "installing the Rust target $WINDOWS_TARGET"
+        rustup target add "$WINDOWS_TARGET"
+    fi
+    local missing=()
+    command -v x86_64-w64-mingw32-gcc >/dev/null 2>&1 || missing+=(gcc-mingw-w64-x86-64-win32)
+    [ -x /usr/lib/wine/wine64 ] || command -v wine64 >/dev/null 2>&1 || missing+=(wine64)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        log "installing missing packages: ${missing[*]}"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}" >/dev/null
+    fi
+}

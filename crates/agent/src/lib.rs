@@ -17,6 +17,13 @@
 //! | [`plugin`] | [`plugin_main`] (§5.1–§5.3) and its side of the plugin log socket (§5.6) |
 //! | [`installer`] | the installer (§1.3 step 9, §5.5): plugin binary copy, plugin kubeconfig, CNI config (conflist editing as file operations in [`installer::conflist`]), re-checked every second; readiness |
 //! | [`testing`] | `FakeZtunnel`, a real ZDS peer for tests of this and other crates |
+//! | [`platform`] | the platform switch: what a pod's namespace is and how ZDS carries it |
+//! | [`hold`] | the init container that holds a new Windows pod until it is captured |
+//! | `windows` | Windows nodes: CRI sandbox info, HNS namespaces, `L4WFPPROXY` policies |
+//!
+//! On Windows only `enrol`, `pods`, `zds`, `platform`, `hold` and `windows` are
+//! built (`windows` is on every platform: what it parses is tested on Linux); the rest (rules run in a netns, `/proc` discovery, the plugin's Unix socket, the
+//! installer) is Linux's.
 //!
 //! Entry points for the CLI: [`plugin_main`], [`AgentConfig::from_vars`], [`run_agent`]
 //! (or [`start`] for a handle that shuts down on demand).
@@ -56,18 +63,33 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(unix)]
 pub mod config;
-pub mod daemon;
-pub mod discovery;
 pub mod enrol;
-pub mod installer;
-pub mod plugin;
+pub mod hold;
+pub mod platform;
 pub mod pods;
-pub mod shutdown;
-pub mod testing;
 pub mod zds;
 
+// The platform switch: the Linux agent, and the Windows node's parts.
+#[cfg(unix)]
+pub mod daemon;
+#[cfg(unix)]
+pub mod discovery;
+#[cfg(unix)]
+pub mod installer;
+#[cfg(unix)]
+pub mod plugin;
+#[cfg(unix)]
+pub mod shutdown;
+#[cfg(unix)]
+pub mod testing;
+pub mod windows;
+
+#[cfg(unix)]
 pub use config::{AgentConfig, ConfigError};
+#[cfg(unix)]
 pub use daemon::{AgentError, AgentHandle, run_agent, run_agent_with, start};
+#[cfg(unix)]
 pub use plugin::plugin_main;
 pub use pods::{LocalPodSource, PodSource};

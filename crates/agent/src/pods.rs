@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::mpsc;
 
 pub mod kube;
+// The upgrade-or-uninstall lookup belongs to the Linux agent's shutdown.
+#[cfg(unix)]
 pub mod kube_daemonset;
 
 /// The pod annotation the agent writes (`spec/cni.md` §1.11).
@@ -301,7 +303,8 @@ impl PodSource for LocalPodSource {
     }
 }
 
-/// The agent's view of the source: latest pods and namespaces.
+/// The agent's view of the source: latest pods and namespaces (the Linux daemon's).
+#[cfg(unix)]
 #[derive(Debug, Default)]
 pub(crate) struct Cache {
     pub pods: HashMap<(String, String), Pod>,

@@ -1,7 +1,8 @@
-//! The ZDS server (`spec/cni.md` §4, `spec/ztunnel.md` §2): the agent listens on a
-//! `SOCK_SEQPACKET` socket, ztunnels connect, and each one gets the snapshot of enrolled pods
-//! (an `Add` plus netns fd per pod, `Keep` for pods whose netns is unknown, then
-//! `SnapshotSent`) followed by a serialised stream of `Add`/`Del` updates.
+//! The ZDS server (`spec/cni.md` §4, `spec/ztunnel.md` §2, `spec/windows.md` §2): the agent
+//! listens (a `SOCK_SEQPACKET` socket on Linux, a named pipe on Windows), ztunnels connect,
+//! and each one gets the snapshot of enrolled pods (an `Add` per pod with its namespace,
+//! `Keep` for pods whose namespace is unknown, then `SnapshotSent`) followed by a serialised
+//! stream of `Add`/`Del` updates.
 //!
 //! Ownership: [`ZdsServer`] holds the snapshot cache (pod UID → workload info and netns fd;
 //! the fds stay open while the pod is enrolled) and the list of live connections, oldest
@@ -19,11 +20,10 @@
 //! protocol error that closes it. The classification is upstream's, only detection is
 //! immediate instead of after up to 5 s.
 //!
-//! The transport is `ambit_netns::SeqPacket` and the framing `ambit_contract::zds`, the same
-//! code ztunnel's client uses.
+//! The transport is `ambit_netns::zds` and the framing `ambit_contract::zds`, the same
+//! code ztunnel's client uses; how a pod's namespace travels is [`crate::platform`].
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -31,12 +31,14 @@ use std::time::Duration;
 use ambit_contract::zds::{
     self as wire, Answer, AnswerError, EmptyUid, MAX_MESSAGE, PodUid, TooLarge, WorkloadInfo,
 };
-use ambit_netns::{NetnsFd, SeqPacket, SeqPacketError, SeqPacketListener};
+use ambit_netns::zds::{Attach, Conn, Error as TransportError, Listener};
 use ambit_proto::zds::Version;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout};
+
+use crate::platform::{self, PodNamespace};
 
 /// Errors of the ZDS server and of requests sent through it.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +57,7 @@ pub enum ZdsError {
         /// The socket path.
         path: PathBuf,
         /// The socket error.
-        source: SeqPacketError,
+        source: TransportError,
     },
     /// No ztunnel is connected (an `Add` cannot be delivered).
     #[error("no ztunnel connection")]
@@ -87,7 +89,7 @@ pub enum ZdsError {
         /// What we were doing.
         what: &'static str,
         /// The socket error.
-        source: SeqPacketError,
+        source: TransportError,
     },
     /// The peer sent something ZDS does not allow.
     #[error("ZDS protocol error: {0}")]
@@ -159,8 +161,9 @@ pub struct ZdsPod {
     pub namespace: String,
     /// `spec.serviceAccountName`.
     pub service_account: String,
-    /// The pod netns; `None` (restart discovery found none) makes the snapshot send `Keep`.
-    pub netns: Option<Arc<NetnsFd>>,
+    /// The pod's namespace; `None` (restart discovery found none) makes the snapshot send
+    /// `Keep`.
+    pub netns: Option<PodNamespace>,
 }
 
 impl ZdsPod {
@@ -169,6 +172,7 @@ impl ZdsPod {
             name: self.name.clone(),
             namespace: self.namespace.clone(),
             service_account: self.service_account.clone(),
+            windows_namespace: None,
         }
     }
 }
@@ -229,20 +233,14 @@ impl ZdsServer {
     }
 
     /// Binds the socket (removing a stale file first; the parent directory is created with
-    /// mode 0700 when missing). Connections queue in the backlog until [`Self::serve`].
-    pub fn bind(path: &Path) -> Result<SeqPacketListener, ZdsError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|source| ZdsError::Dir {
-                    path: path.to_owned(),
-                    source,
-                })?;
-        }
-        SeqPacketListener::bind(path).map_err(|source| ZdsError::Bind {
+    /// mode 0700 when missing) or, on Windows, creates the pipe. Connections queue until
+    /// [`Self::serve`].
+    pub fn bind(path: &Path) -> Result<Listener, ZdsError> {
+        platform::prepare_listen_path(path).map_err(|source| ZdsError::Dir {
+            path: path.to_owned(),
+            source,
+        })?;
+        Listener::bind(path).map_err(|source| ZdsError::Bind {
             path: path.to_owned(),
             source,
         })
@@ -324,7 +322,7 @@ impl ZdsServer {
 
     /// Accepts ztunnels (at most one per `accept_interval`) until `shutdown` turns true;
     /// then every connection task is stopped.
-    pub async fn serve(&self, listener: SeqPacketListener, mut shutdown: watch::Receiver<bool>) {
+    pub async fn serve(&self, listener: Listener, mut shutdown: watch::Receiver<bool>) {
         let mut conns = JoinSet::new();
         let mut next = Instant::now();
         loop {
@@ -360,7 +358,7 @@ impl ZdsServer {
         }
     }
 
-    async fn run_conn(&self, conn: SeqPacket) {
+    async fn run_conn(&self, conn: Conn) {
         let (tx, rx) = mpsc::channel(self.inner.cfg.queue);
         // Registering and taking the snapshot under one lock means a concurrent `add`
         // either is in the snapshot or is queued behind it: never lost.
@@ -383,7 +381,7 @@ impl ZdsServer {
 
     async fn converse(
         &self,
-        conn: &SeqPacket,
+        conn: &Conn,
         snapshot: Vec<ZdsPod>,
         mut rx: mpsc::Receiver<Job>,
     ) -> Result<(), ZdsError> {
@@ -449,18 +447,20 @@ impl ZdsServer {
     }
 
     /// Sends one request and waits for its ack.
-    async fn exchange(&self, conn: &SeqPacket, req: &Request) -> Result<(), ZdsError> {
+    async fn exchange(&self, conn: &Conn, req: &Request) -> Result<(), ZdsError> {
         let cfg = &self.inner.cfg;
-        let msg: wire::Request<BorrowedFd<'_>> = match req {
+        let msg: wire::Request<Option<Attach<'_>>> = match req {
             Request::Add(pod) => {
                 let netns = pod
                     .netns
                     .as_ref()
                     .ok_or_else(|| ZdsError::NoNetns(pod.uid.clone()))?;
+                let mut info = pod.info();
+                let attached = platform::attach(netns, &mut info);
                 wire::Request::Add {
                     uid: pod.uid.clone(),
-                    info: pod.info(),
-                    netns: netns.as_fd(),
+                    info,
+                    netns: attached,
                 }
             }
             Request::Del(uid) => wire::Request::Del { uid: uid.clone() },
@@ -468,7 +468,7 @@ impl ZdsServer {
             Request::SnapshotSent => wire::Request::SnapshotSent,
         };
         let bytes = msg.encode()?;
-        let fds: Vec<BorrowedFd<'_>> = msg.netns().copied().into_iter().collect();
+        let fds: Vec<Attach<'_>> = msg.netns().copied().flatten().into_iter().collect();
         match timeout(cfg.request_timeout, conn.send_with_fds(&bytes, &fds)).await {
             Err(_) => return Err(ZdsError::Timeout("writing to ztunnel")),
             Ok(Err(e)) if e.is_disconnect() => return Err(ZdsError::ConnectionClosed),

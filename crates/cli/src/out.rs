@@ -25,6 +25,7 @@ pub fn bytes(data: &[u8]) {
 
 /// A progress line of a long-running command: write errors (a closed pipe included) are
 /// ignored, the command goes on.
+#[cfg(unix)]
 pub fn progress(line: &str) {
     let _ = write(format!("{line}\n").as_bytes());
 }

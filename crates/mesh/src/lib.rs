@@ -35,6 +35,8 @@
 //! This crate touches `nix` only for signals to recorded pids; namespaces go through
 //! `ambit-netns` and `ambit-topology`.
 
+// Network namespaces, veths and processes in them: Linux only (an empty crate elsewhere).
+#![cfg(target_os = "linux")]
 #![forbid(unsafe_code)]
 
 pub mod api;

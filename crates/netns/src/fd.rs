@@ -1,31 +1,11 @@
-//! [`NetnsFd`]: an open, validated network-namespace descriptor, and [`NetnsId`], the
-//! identity that tells two descriptors of the same namespace apart from different ones.
+//! [`NetnsFd`]: an open, validated network-namespace descriptor, with its [`NetnsId`].
 
 use std::{
-    fmt,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd},
     path::Path,
 };
 
-use crate::{NetnsError, imp};
-
-/// Identity of a network namespace: inode and device of its nsfs file.
-///
-/// Two descriptors refer to the same namespace exactly when their identities are equal.
-/// The identity stays stable for the life of the namespace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NetnsId {
-    /// Inode number (the number shown in `net:[...]`).
-    pub ino: u64,
-    /// Device of the nsfs filesystem.
-    pub dev: u64,
-}
-
-impl fmt::Display for NetnsId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "net:[{}] (dev {})", self.ino, self.dev)
-    }
-}
+use crate::{NetnsError, NetnsId, imp};
 
 /// An open file descriptor of a network namespace.
 ///

@@ -26,32 +26,54 @@
 //!   one namespace descriptor per datagram (`SCM_RIGHTS`): the one ZDS transport, used by
 //!   the agent's server, ztunnel's client and the test peers of both.
 //!
-//! Linux-only system calls live behind the single `imp` module switch; on other platforms
-//! every operation returns [`NetnsError::Unsupported`].
+//! # Platforms
+//!
+//! One switch, two halves. On Unix a namespace is held by descriptor (`fd`, `enter`,
+//! `command`, `seqpacket`, gathered in `unix.rs`; the Linux system calls behind `imp`, other
+//! Unixes get [`NetnsError::Unsupported`]). On Windows a pod's namespace is an HNS namespace
+//! whose network compartment a thread can enter (`windows.rs` and `windows/`: compartments, the
+//! HCN calls, the named-pipe ZDS transport). What both share is platform-neutral and tested on Linux:
+//! the [`SocketFactory`] trait, [`zds`] (the transport interface ZDS code is written
+//! against), [`guid`], [`hns`] (reading HNS's JSON) and [`compartment`] (the enter/restore
+//! guard and the dedicated compartment thread, over a [`compartment::CompartmentOps`] that
+//! Windows implements with `SetCurrentThreadCompartmentId` and tests with a fake).
 
 #[cfg(target_os = "linux")]
 #[path = "linux.rs"]
 mod imp;
-#[cfg(not(target_os = "linux"))]
+#[cfg(windows)]
+#[path = "windows.rs"]
+mod imp;
+#[cfg(not(any(target_os = "linux", windows)))]
 #[path = "unsupported.rs"]
 mod imp;
 
-mod command;
-mod enter;
-mod fd;
+#[cfg(unix)]
+#[path = "unix.rs"]
+mod platform;
+#[cfg(windows)]
+mod platform {
+    pub use crate::imp::{
+        CompartmentSocketFactory, SystemCompartments, hcn,
+        pipe::{PipeConn, PipeError, PipeListener},
+    };
+}
+
+pub mod compartment;
+pub mod guid;
+pub mod hns;
+mod id;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
-mod seqpacket;
 mod socket;
 pub mod testing;
+pub mod zds;
 
-pub use command::{kill_with_parent, set_command_netns};
-pub use enter::{in_netns, run_in_netns_thread, spawn_in_netns_thread};
-pub use fd::{NetnsFd, NetnsId};
-pub use seqpacket::{SeqPacket, SeqPacketError, SeqPacketListener, register_async};
+pub use id::NetnsId;
+pub use platform::*;
 pub use socket::{
-    DefaultSocketFactory, Keepalive, NetnsSocketFactory, SocketError, SocketFactory, SocketOptions,
-    Transparent, connect_tcp, is_transparent, original_dst,
+    DefaultSocketFactory, Keepalive, SocketError, SocketFactory, SocketOptions, Transparent,
+    connect_tcp, is_transparent, original_dst,
 };
 
 use std::{io, path::PathBuf};

@@ -24,6 +24,9 @@ use crate::{
     socket::{SocketError, SocketOptions, Transparent},
 };
 
+/// What a socket handle is here: a descriptor.
+pub(crate) use std::os::fd::AsFd as AsSocket;
+
 // NS_GET_NSTYPE = _IO(0xb7, 0x3) from <linux/nsfs.h>; the libc crate does not export it.
 nix::ioctl_none!(ns_get_nstype, 0xb7, 0x3);
 

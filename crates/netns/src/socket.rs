@@ -5,7 +5,9 @@
 //! connects or polls it. [`NetnsSocketFactory`] therefore enters the namespace only around
 //! `socket(2)`; everything after runs on the caller's thread. All sockets are returned in
 //! non-blocking mode, ready to be wrapped by tokio (`TcpListener::from_std`,
-//! `UdpSocket::from_std`, `TcpSocket::from_std_stream`).
+//! `UdpSocket::from_std`, `TcpSocket::from_std_stream`). The factories that enter a
+//! namespace are per platform: `NetnsSocketFactory` (Unix, by descriptor) and
+//! `CompartmentSocketFactory` (Windows, by network compartment).
 
 use std::{
     io,
@@ -15,7 +17,7 @@ use std::{
 
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 
-use crate::{NetnsError, NetnsFd, imp, in_netns};
+use crate::{NetnsError, imp};
 
 /// Errors from creating and configuring sockets; each says which step failed.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +25,9 @@ pub enum SocketError {
     /// Entering the namespace failed.
     #[error(transparent)]
     Netns(#[from] NetnsError),
+    /// Entering the network compartment failed (Windows).
+    #[error(transparent)]
+    Compartment(#[from] crate::compartment::CompartmentError),
     /// `socket(2)` failed.
     #[error("creating {kind} socket: {source}")]
     Create {
@@ -256,7 +261,11 @@ fn apply_options(
     imp::apply_options(sock, ipv6, opts, mark)
 }
 
-fn create_socket(domain: Domain, ty: Type, protocol: Protocol) -> Result<Socket, SocketError> {
+pub(crate) fn create_socket(
+    domain: Domain,
+    ty: Type,
+    protocol: Protocol,
+) -> Result<Socket, SocketError> {
     let kind = if ty == Type::DGRAM { "udp" } else { "tcp" };
     Socket::new(domain, ty, Some(protocol)).map_err(|source| SocketError::Create { kind, source })
 }
@@ -273,37 +282,6 @@ impl SocketFactory for DefaultSocketFactory {
         protocol: Protocol,
     ) -> Result<Socket, SocketError> {
         create_socket(domain, ty, protocol)
-    }
-}
-
-/// Creates sockets inside a fixed network namespace, optionally marking all of them.
-#[derive(Debug)]
-pub struct NetnsSocketFactory {
-    /// The namespace sockets are created in.
-    pub netns: NetnsFd,
-    /// Default `SO_MARK` for every socket (e.g. so redirection rules skip our own traffic).
-    pub mark: Option<u32>,
-}
-
-impl NetnsSocketFactory {
-    /// A factory for `netns` that marks every socket with `mark`.
-    pub fn new(netns: NetnsFd, mark: Option<u32>) -> Self {
-        Self { netns, mark }
-    }
-}
-
-impl SocketFactory for NetnsSocketFactory {
-    fn new_socket(
-        &self,
-        domain: Domain,
-        ty: Type,
-        protocol: Protocol,
-    ) -> Result<Socket, SocketError> {
-        in_netns(&self.netns, || create_socket(domain, ty, protocol))?
-    }
-
-    fn default_mark(&self) -> Option<u32> {
-        self.mark
     }
 }
 
@@ -326,13 +304,15 @@ pub async fn connect_tcp(
 }
 
 /// The destination a connection had before the in-pod rules REDIRECTed it to us
-/// (`SO_ORIGINAL_DST`). Fails for connections that were not redirected.
-pub fn original_dst<S: std::os::fd::AsFd>(stream: &S) -> io::Result<SocketAddr> {
+/// (`SO_ORIGINAL_DST`; on Windows the same option reads where HNS's WFP proxy policy sent
+/// it). Fails for connections that were not redirected.
+pub fn original_dst<S: imp::AsSocket>(stream: &S) -> io::Result<SocketAddr> {
     crate::imp::original_dst(&socket2::SockRef::from(stream))
 }
 
-/// Whether `IP_TRANSPARENT` took effect on `sock` (a best-effort listener may lack it).
-pub fn is_transparent<S: std::os::fd::AsFd>(sock: &S) -> io::Result<bool> {
+/// Whether `IP_TRANSPARENT` took effect on `sock` (a best-effort listener may lack it;
+/// always `false` where the option does not exist).
+pub fn is_transparent<S: imp::AsSocket>(sock: &S) -> io::Result<bool> {
     let r = socket2::SockRef::from(sock);
     let ipv6 = r.local_addr()?.is_ipv6();
     crate::imp::is_transparent(&r, ipv6)

@@ -2,9 +2,6 @@
 //! root-only tests so they all skip (or fail) the same way.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-
-use crate::NetnsFd;
 
 /// Whether this process may create and enter network namespaces.
 ///
@@ -13,7 +10,10 @@ use crate::NetnsFd;
 /// prints a skip message naming `test` and returns `false` so the caller returns early.
 ///
 /// Reading the environment here is deliberate: this is test support, not library config.
+#[cfg(unix)]
 pub fn netns_capable_or_skip(test: &str) -> bool {
+    use crate::NetnsFd;
+    use std::sync::OnceLock;
     static CAPABLE: OnceLock<Result<(), String>> = OnceLock::new();
     // Creating a throwaway namespace is the one check that cannot be fooled by uid 0
     // without CAP_SYS_ADMIN (containers) or by a capable non-root user.

@@ -14,6 +14,9 @@ use crate::{
     socket::{SocketError, SocketOptions, Transparent},
 };
 
+/// What a socket handle is here: a descriptor.
+pub(crate) use std::os::fd::AsFd as AsSocket;
+
 pub(crate) fn current_thread_path() -> PathBuf {
     PathBuf::from("/proc/thread-self/ns/net")
 }

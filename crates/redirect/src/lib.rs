@@ -15,6 +15,9 @@
 //! `iptables-restore` / `nft -f -` (golden-file tested against the spec listings), so an ambit
 //! node and an upstream node are indistinguishable in `iptables-save`.
 //!
+//! On Windows nodes redirection is HNS endpoint policies instead ([`hns`], platform-neutral
+//! data tested on Linux; the rest of the crate is Unix-only).
+//!
 //! Applying, verifying and deleting run external tools (`iptables-restore`, `nft`, `ip`,
 //! `ipset`) inside a network namespace through the [`NetnsRunner`] abstraction; the crate never
 //! builds shell strings. [`InPod`] and [`HostRules`] are the entry points the agent uses.
@@ -24,48 +27,35 @@
 
 #![forbid(unsafe_code)]
 
-mod apply;
-pub mod config;
 pub mod consts;
+pub mod hns;
+
+// The platform switch: Linux rules (rendered for iptables / nft, applied with tools run in
+// a namespace held by descriptor) exist on Unix only.
+#[cfg(unix)]
+mod apply;
+#[cfg(unix)]
+pub mod config;
+#[cfg(unix)]
 pub mod host;
+#[cfg(unix)]
 pub mod iptables;
+#[cfg(unix)]
 mod kernel;
+#[cfg(unix)]
 pub mod netlink;
+#[cfg(unix)]
 pub mod nft;
+#[cfg(unix)]
 pub mod pod;
+#[cfg(unix)]
 pub mod probe_set;
+#[cfg(unix)]
 pub mod runner;
+#[cfg(unix)]
+#[path = "unix_api.rs"]
+mod unix_api;
+#[cfg(unix)]
 pub mod vm;
-
-pub use apply::{ApplyError, ApplyOutcome, Finding, Location, VerifyReport};
-pub use config::{Backend, ConfigError, Family, HostRulesConfig, IfaceName, PodRedirectConfig};
-pub use host::HostRules;
-pub use kernel::KernelError;
-pub use kernel::guard::Guard;
-pub use kernel::watch::{Drained, RulesetWatch};
-pub use pod::{InPod, VerifyMemo};
-pub use probe_set::{ProbeSet, ProbeSetError};
-pub use runner::{
-    Cmd, CmdOutput, CurrentNetns, FdRunner, HostRunner, IpNetnsExec, NetnsRunner, Nsenter, RunError,
-};
-pub use vm::{VmRedirectConfig, VmRules};
-
-/// The in-pod `iptables-restore --noflush` input for one family (`spec/cni.md` §3.2, §3.3).
-pub fn render_iptables(cfg: &PodRedirectConfig, family: Family) -> String {
-    iptables::pod_rules(cfg, family).render_restore()
-}
-
-/// The in-pod `nft -f -` transaction (`spec/cni.md` §3.7).
-pub fn render_nft(cfg: &PodRedirectConfig) -> String {
-    nft::pod_transaction(cfg).render()
-}
-
-/// The host `iptables-restore --noflush` input for one family (`spec/cni.md` §3.8).
-pub fn render_host_iptables(cfg: &HostRulesConfig, family: Family) -> String {
-    iptables::host_rules(cfg, family).render_restore()
-}
-
-/// The host `nft -f -` rule transaction (`spec/cni.md` §3.9).
-pub fn render_host_nft(cfg: &HostRulesConfig) -> String {
-    nft::host_transaction(cfg).render()
-}
+#[cfg(unix)]
+pub use unix_api::*;

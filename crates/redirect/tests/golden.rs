@@ -4,6 +4,7 @@
 //!
 //! `UPDATE_GOLDEN=1 cargo test -p ambit-redirect --test golden` rewrites the files.
 
+#![cfg(unix)]
 // Test helpers outside #[test] fns: a panic is how they report failure.
 #![allow(clippy::unwrap_used)]
 

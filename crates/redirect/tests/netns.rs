@@ -4,6 +4,7 @@
 //!
 //! Without root these tests print "skip" and pass, unless `CI=true`, where they fail.
 
+#![cfg(unix)]
 // Test helpers outside #[test] fns: a panic is how they report failure.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 

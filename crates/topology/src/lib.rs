@@ -47,6 +47,8 @@
 //! them. Processes started with [`Topology::spawn`] are killed when their [`ChildGuard`]
 //! drops.
 
+// Network namespaces, veths and processes in them: Linux only (an empty crate elsewhere).
+#![cfg(target_os = "linux")]
 #![forbid(unsafe_code)]
 
 mod addressing;

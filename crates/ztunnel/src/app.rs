@@ -502,10 +502,9 @@ async fn async_main(
         }
     };
 
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(AppError::Signal)?;
+    let mut sigterm = crate::signal::Terminate::new().map_err(AppError::Signal)?;
     tokio::select! {
-        _ = sigterm.recv() => tracing::info!("SIGTERM received, draining"),
+        () = sigterm.recv() => tracing::info!("SIGTERM received, draining"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received, draining"),
         _ = quit_rx.recv() => tracing::info!("/quitquitquit received, draining"),
     }

@@ -34,6 +34,28 @@ pub enum ProxyMode {
     Dedicated,
 }
 
+/// The node's operating system, which changes a few defaults and refusals
+/// (`spec/windows.md` §1.1, §1.5): on Windows ZDS is a named pipe, there are no socket marks
+/// (ztunnel's own traffic is exempt by its user, `S-1-5-18`) and no `SO_REUSEPORT` hand-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeOs {
+    /// Linux (and other Unix) nodes.
+    Linux,
+    /// Windows nodes.
+    Windows,
+}
+
+impl NodeOs {
+    /// The OS this binary was built for.
+    pub const fn current() -> Self {
+        if cfg!(windows) {
+            NodeOs::Windows
+        } else {
+            NodeOs::Linux
+        }
+    }
+}
+
 /// `namespace/name/serviceAccount` from `PROXY_WORKLOAD_INFO`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -311,6 +333,16 @@ impl Config {
         cpus: usize,
         path_exists: &dyn Fn(&std::path::Path) -> bool,
     ) -> Result<Config, ConfigErrors> {
+        Self::from_vars_for(NodeOs::current(), vars, cpus, path_exists)
+    }
+
+    /// [`Config::from_vars`] for a node of `os` (tests read Windows' rules on Linux).
+    pub fn from_vars_for(
+        os: NodeOs,
+        vars: &[(String, String)],
+        cpus: usize,
+        path_exists: &dyn Fn(&std::path::Path) -> bool,
+    ) -> Result<Config, ConfigErrors> {
         let mut r = Env::new(vars);
 
         let proxy_mode = r.parse("PROXY_MODE", ProxyMode::Shared, |v| match v {
@@ -467,15 +499,33 @@ impl Config {
             v.parse().map_err(|_| "expected an IP address".to_string())
         });
 
-        let packet_mark_default = match proxy_mode {
-            ProxyMode::Shared => Some(marks::INPOD_MARK),
-            ProxyMode::Dedicated => None,
+        let packet_mark_default = match (os, proxy_mode) {
+            (NodeOs::Linux, ProxyMode::Shared) => Some(marks::INPOD_MARK),
+            _ => None,
         };
-        let packet_mark = r.parse("PACKET_MARK", packet_mark_default, |v| {
-            v.parse::<u32>()
+        let packet_mark = r.parse("PACKET_MARK", packet_mark_default, |v| match os {
+            NodeOs::Windows => Err(
+                "Windows has no socket marks; ztunnel's own connections are exempt from capture by its user (S-1-5-18)"
+                    .to_string(),
+            ),
+            NodeOs::Linux => v
+                .parse::<u32>()
                 .map(Some)
-                .map_err(|_| "expected a 32-bit mark".to_string())
+                .map_err(|_| "expected a 32-bit mark".to_string()),
         });
+        let inpod_port_reuse = r.bool("INPOD_PORT_REUSE", true);
+        if os == NodeOs::Windows && proxy_mode == ProxyMode::Shared && inpod_port_reuse {
+            let value = r.raw("INPOD_PORT_REUSE").unwrap_or_default();
+            r.fail(
+                "INPOD_PORT_REUSE",
+                value,
+                "SO_REUSEPORT hand-off is not available on Windows (set INPOD_PORT_REUSE=false, as upstream requires there)",
+            );
+        }
+        let inpod_uds_default = match os {
+            NodeOs::Linux => "/var/run/ztunnel/ztunnel.sock",
+            NodeOs::Windows => ambit_contract::windows::ZDS_PIPE,
+        };
 
         let dns_capture = proxy_metadata
             .get("DNS_CAPTURE")
@@ -595,9 +645,9 @@ impl Config {
             inpod_uds: r
                 .get("INPOD_UDS")
                 .map(str::to_owned)
-                .unwrap_or_else(|| "/var/run/ztunnel/ztunnel.sock".into())
+                .unwrap_or_else(|| inpod_uds_default.into())
                 .into(),
-            inpod_port_reuse: r.bool("INPOD_PORT_REUSE", true),
+            inpod_port_reuse,
             packet_mark,
             xds_address,
             xds_root_cert,
@@ -684,6 +734,42 @@ mod tests {
 
     fn load(pairs: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
         Config::from_vars(&vars(pairs), 8, &|_| false)
+    }
+
+    fn load_windows(pairs: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
+        Config::from_vars_for(NodeOs::Windows, &vars(pairs), 8, &|_| false)
+    }
+
+    /// `spec/windows.md` §1.1, §1.5: the pipe by default, no marks, no SO_REUSEPORT.
+    #[test]
+    fn windows_nodes_have_their_own_rules() {
+        let off = [("INPOD_PORT_REUSE", "false")];
+        let c = load_windows(&off).unwrap();
+        assert_eq!(c.inpod_uds, std::path::PathBuf::from(r"\\.\pipe\istio-zds"));
+        assert_eq!(c.packet_mark, None);
+        assert!(!c.inpod_port_reuse);
+        // (variables, the variable refused)
+        let refused: [(&[(&str, &str)], &str); 3] = [
+            (&[], "INPOD_PORT_REUSE"),
+            (&[("INPOD_PORT_REUSE", "true")], "INPOD_PORT_REUSE"),
+            (
+                &[("INPOD_PORT_REUSE", "false"), ("PACKET_MARK", "1337")],
+                "PACKET_MARK",
+            ),
+        ];
+        for (pairs, var) in refused {
+            let errs = load_windows(pairs).unwrap_err();
+            assert!(errs.iter().any(|e| e.var == var), "{pairs:?}: {errs}");
+        }
+        // Dedicated mode has no pod hand-off: the default is fine there.
+        assert!(load_windows(&[("PROXY_MODE", "dedicated")]).is_ok());
+        // Linux keeps its defaults.
+        let linux = load(&[]).unwrap();
+        assert_eq!(
+            linux.inpod_uds,
+            std::path::PathBuf::from("/var/run/ztunnel/ztunnel.sock")
+        );
+        assert_eq!(linux.packet_mark, Some(marks::INPOD_MARK));
     }
 
     #[test]

@@ -42,6 +42,8 @@
 //! pod's proxies.
 
 mod client;
+pub mod compartment_wait;
+mod platform;
 mod pod;
 mod protocol;
 mod workloads;
@@ -49,7 +51,7 @@ mod workloads;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ambit_netns::{NetnsError, NetnsId, SeqPacketError, SocketFactory};
+use ambit_netns::{NetnsId, SocketFactory, zds::Error as TransportError};
 use tokio::task::JoinSet;
 
 use crate::config::Config;
@@ -60,6 +62,7 @@ use crate::readiness::Ready;
 use crate::state::ProxyState;
 use crate::telemetry::Metrics;
 
+pub use platform::{NamespaceError, PodNetns, SetupError};
 pub use pod::StartError;
 pub use protocol::{Request, decode_request, encode_ack, encode_hello};
 
@@ -82,7 +85,7 @@ pub const READINESS_TASK: &str = "workload proxy manager";
 #[derive(Debug, thiserror::Error)]
 pub enum ZdsError {
     #[error("failure to read message: {0}")]
-    Read(#[from] SeqPacketError),
+    Read(#[from] TransportError),
     #[error("failure to read message: undecodable WorkloadRequest: {0}")]
     Decode(#[from] prost::DecodeError),
     #[error("failure to read message: WorkloadRequest without a known payload")]
@@ -94,7 +97,7 @@ pub enum ZdsError {
     #[error("failure to read message: unexpected file descriptor with {message}")]
     UnexpectedFd { message: &'static str },
     #[error("failure to read message: the fd sent with AddWorkload {uid}: {source}")]
-    BadNetns { uid: String, source: NetnsError },
+    BadNetns { uid: String, source: NamespaceError },
     #[error("protocol error: AddWorkload {uid} without workload_info")]
     MissingWorkloadInfo { uid: String },
     #[error("protocol error: {message} without a uid")]

@@ -7,10 +7,10 @@
 //! | module | owns |
 //! |---|---|
 //! | [`config`] | upstream's environment variables → [`Config`] |
-//! | [`app`] | runtimes, servers, signals, drain: the process |
+//! | [`app`] | runtimes, servers, signals ([`signal`]), drain: the process |
 //! | [`state`] | workloads, services, policies, indexed for the data path |
 //! | [`proxy`] | outbound 15001, inbound HBONE 15008, inbound plaintext 15006 |
-//! | [`inpod`] | shared mode: the ZDS client and per-pod proxies |
+//! | [`inpod`] | shared mode: the ZDS client and per-pod proxies (a netns per pod on Linux, an HNS compartment on Windows: `inpod::platform`) |
 //! | [`dns`] | the DNS proxy on 15053 |
 //! | [`identity`] / [`grpc`] | CA client, certificate cache, control-plane channels |
 //! | [`xds`] | the delta ADS client |
@@ -28,6 +28,7 @@ pub mod identity;
 pub mod inpod;
 pub mod proxy;
 pub mod readiness;
+pub mod signal;
 pub mod state;
 pub mod telemetry;
 pub mod xds;

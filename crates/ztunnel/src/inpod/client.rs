@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ambit_contract::zds::{MAX_MESSAGE, PodUid};
-use ambit_netns::{SeqPacket, SeqPacketError};
+use ambit_netns::zds::{Conn, Error as TransportError};
 
 use super::{
     BACKOFF_INITIAL, BACKOFF_MAX, InpodManager, RETRY_INTERVAL, ZdsError, decode_request,
@@ -23,7 +23,7 @@ enum End {
     /// A transport error was NACKed; reconnect.
     Dropped(ZdsError),
     /// Writing an ack failed.
-    SendFailed(SeqPacketError),
+    SendFailed(TransportError),
 }
 
 /// Runs connections until the drain is signaled. The first connection is only made once
@@ -80,15 +80,15 @@ pub(super) async fn run(mgr: &InpodManager, drain: &DrainWatcher) {
 }
 
 /// Connects and announces ourselves (`ZdsHello{V1}`).
-async fn connect(path: &std::path::Path) -> Result<SeqPacket, SeqPacketError> {
-    let sock = SeqPacket::connect(path).await?;
+async fn connect(path: &std::path::Path) -> Result<Conn, TransportError> {
+    let sock = Conn::connect(path).await?;
     sock.send(&encode_hello()).await?;
     Ok(sock)
 }
 
 /// Serves one connection. Returns how it ended and whether any request was handled
 /// successfully (then the reconnect backoff starts over).
-async fn serve(mgr: &InpodManager, sock: &SeqPacket, drain: &DrainWatcher) -> (End, bool) {
+async fn serve(mgr: &InpodManager, sock: &Conn, drain: &DrainWatcher) -> (End, bool) {
     let mut buf = [0u8; MAX_MESSAGE];
     let mut retry =
         tokio::time::interval_at(tokio::time::Instant::now() + RETRY_INTERVAL, RETRY_INTERVAL);
@@ -139,9 +139,9 @@ async fn serve(mgr: &InpodManager, sock: &SeqPacket, drain: &DrainWatcher) -> (E
 }
 
 /// The agent waits at most 5 s for an ack; a stuck write must not stall us forever.
-async fn send_ack(sock: &SeqPacket, error: Option<&str>) -> Result<(), SeqPacketError> {
+async fn send_ack(sock: &Conn, error: Option<&str>) -> Result<(), TransportError> {
     match tokio::time::timeout(Duration::from_secs(5), sock.send(&encode_ack(error))).await {
         Ok(r) => r,
-        Err(_) => Err(SeqPacketError::Send(std::io::ErrorKind::TimedOut.into())),
+        Err(_) => Err(TransportError::Send(std::io::ErrorKind::TimedOut.into())),
     }
 }

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_model::SpiffeId;
-use ambit_netns::{NetnsError, NetnsFd, NetnsId, NetnsSocketFactory, SocketFactory, SocketOptions};
+use ambit_netns::{NetnsId, SocketFactory, SocketOptions};
 use tokio::task::JoinSet;
 
+use super::platform::{self, PodNetns, SetupError};
 use super::{ExtrasError, Inputs, PodContext};
 use crate::drain::{DrainMode, DrainTrigger};
 use crate::proxy::{
@@ -27,8 +28,8 @@ pub enum StartError {
         service_account: String,
         waited: Duration,
     },
-    #[error("duplicating the pod netns descriptor: {0}")]
-    Netns(#[from] NetnsError),
+    #[error("setting up the pod's sockets: {0}")]
+    Netns(#[from] SetupError),
     #[error(transparent)]
     Proxy(#[from] ProxyError),
     #[error("starting the pod's extra servers: {0}")]
@@ -84,7 +85,7 @@ pub(super) async fn start(
     inputs: &Inputs,
     uid: &str,
     info: &LocalWorkload,
-    netns: &NetnsFd,
+    netns: &PodNetns,
     wait: Duration,
 ) -> Result<PodProxy, StartError> {
     let workload = wait_for_workload(inputs, info, wait).await.ok_or_else(|| {
@@ -96,20 +97,8 @@ pub(super) async fn start(
         }
     })?;
     let cfg = &inputs.cfg;
-    // Hand-off without failures: when an old ztunnel closes its SO_REUSEPORT listeners, the
-    // connections still queued on them move to the new ztunnel's listeners instead of being
-    // reset (Linux ≥ 5.14, per network namespace). Best effort: older kernels only lose the
-    // queued handshakes during a restart, as upstream does.
-    if cfg.inpod_port_reuse {
-        let migrated = ambit_netns::in_netns(netns, || {
-            std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1")
-        });
-        if !matches!(migrated, Ok(Ok(()))) {
-            tracing::debug!(uid, "could not enable tcp_migrate_req in the pod netns");
-        }
-    }
     let factory: Arc<dyn SocketFactory> =
-        Arc::new(NetnsSocketFactory::new(netns.try_clone()?, cfg.packet_mark));
+        platform::socket_factory(inputs, uid, netns, wait).await?;
     let listeners = {
         // Registration with the reactor needs the runtime the listeners will be served on.
         let _guard = inputs.data.enter();

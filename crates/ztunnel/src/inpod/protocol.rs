@@ -1,40 +1,26 @@
 //! ZDS wire messages (§2.2) as ztunnel reads them: the framing is `ambit_contract::zds`
-//! (shared with the agent); this module turns a received datagram plus its optional
-//! descriptor into a [`Request`] carrying a checked [`NetnsFd`], with ztunnel's NACK texts.
-//! Pure functions, no sockets.
+//! (shared with the agent); the platform's `decode_request` turns a received message plus
+//! what rode along into a [`Request`] carrying a checked pod namespace (a netns descriptor on
+//! Linux, an HNS namespace on Windows), with ztunnel's NACK texts. Pure functions, no
+//! sockets.
 
-use std::os::fd::OwnedFd;
+use ambit_contract::zds as wire;
 
-use ambit_contract::zds::{self as wire, RequestError};
-use ambit_netns::NetnsFd;
-
-use super::ZdsError;
-
+pub use super::platform::decode_request;
 pub use ambit_contract::zds::{encode_ack, encode_hello};
 
-/// One decoded agent request.
-pub type Request = wire::Request<NetnsFd>;
+/// One decoded agent request, carrying the pod's namespace as this platform names it.
+pub type Request = wire::Request<super::platform::PodNetns>;
 
-/// Decodes one `WorkloadRequest` and checks the descriptor rules: exactly one fd (a network
-/// namespace) with `AddWorkload`, none with anything else. A descriptor that is not used is
-/// closed when the error is dropped.
-pub fn decode_request(data: &[u8], fd: Option<OwnedFd>) -> Result<Request, ZdsError> {
-    wire::decode_request(data, fd, NetnsFd::from_owned_fd).map_err(|e| match e {
-        RequestError::Decode(e) => ZdsError::Decode(e),
-        RequestError::NoPayload => ZdsError::NoPayload,
-        RequestError::MissingFd { uid } => ZdsError::MissingFd { uid },
-        RequestError::UnexpectedFd { message } => ZdsError::UnexpectedFd { message },
-        RequestError::BadFd { uid, source } => ZdsError::BadNetns { uid, source },
-        RequestError::MissingUid { message } => ZdsError::MissingUid { message },
-        RequestError::MissingWorkloadInfo { uid } => ZdsError::MissingWorkloadInfo {
-            uid: uid.into_string(),
-        },
-    })
-}
-
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    use std::os::fd::OwnedFd;
+
+    use ambit_netns::NetnsFd;
+
+    use super::super::ZdsError;
 
     use ambit_proto::zds::{self, workload_request::Payload};
     use prost::Message;
@@ -65,6 +51,7 @@ mod tests {
                 name: "n".into(),
                 namespace: "ns".into(),
                 service_account: "sa".into(),
+                windows_namespace: None,
             }),
         }));
         let me = NetnsFd::current_thread().unwrap();
@@ -113,6 +100,7 @@ mod tests {
             name: "n".into(),
             namespace: "ns".into(),
             service_account: "sa".into(),
+            windows_namespace: None,
         });
         let keep = request(Payload::Keep(zds::KeepWorkload { uid: "u1".into() }));
         let del_empty = request(Payload::Del(zds::DelWorkload { uid: String::new() }));

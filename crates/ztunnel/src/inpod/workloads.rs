@@ -7,9 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ambit_netns::NetnsFd;
 use serde_json::{Value, json};
 
+use super::platform::PodNetns;
 use super::pod::{self, PodProxy};
 use super::{InpodManager, READINESS_TASK, Request, ZdsError};
 use crate::drain::DrainMode;
@@ -27,7 +27,7 @@ struct Running {
 #[derive(Debug)]
 struct Pending {
     info: LocalWorkload,
-    netns: NetnsFd,
+    netns: PodNetns,
 }
 
 /// Pods and per-connection protocol state.
@@ -151,7 +151,7 @@ impl InpodManager {
         }
     }
 
-    async fn add(&self, uid: String, info: LocalWorkload, netns: NetnsFd) -> Result<(), ZdsError> {
+    async fn add(&self, uid: String, info: LocalWorkload, netns: PodNetns) -> Result<(), ZdsError> {
         let replaced = {
             let mut t = self.lock();
             if !t.snapshot_done {
@@ -199,7 +199,7 @@ impl InpodManager {
     /// Retries every pending pod once (no waiting for workload records: the client loop
     /// must stay responsive to the agent).
     pub(super) async fn retry_pending(&self) {
-        let pending: Vec<(String, LocalWorkload, Option<NetnsFd>)> = self
+        let pending: Vec<(String, LocalWorkload, Option<PodNetns>)> = self
             .lock()
             .pending
             .iter()
