@@ -6,7 +6,7 @@
 //! (reflectors on `spec.nodeName`, merge patches on `pods/status`);
 //! [`kube::from_environment`] builds it in-cluster or from `KUBECONFIG`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -307,6 +307,6 @@ impl PodSource for LocalPodSource {
 #[cfg(unix)]
 #[derive(Debug, Default)]
 pub(crate) struct Cache {
-    pub pods: HashMap<(String, String), Pod>,
-    pub namespaces: HashMap<String, Namespace>,
+    pub pods: std::collections::HashMap<(String, String), Pod>,
+    pub namespaces: std::collections::HashMap<String, Namespace>,
 }
