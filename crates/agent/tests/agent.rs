@@ -3,6 +3,8 @@
 //! the agent over its real socket, and a fake ztunnel (a real ZDS peer) binds listeners in
 //! each pod netns it receives.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use ambit_agent::testing::cni_add;

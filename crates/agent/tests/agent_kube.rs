@@ -3,6 +3,8 @@
 //! goes back as `pods/status` merge patches, and failed patches are retried or dropped as
 //! their error says (`SourceError`).
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use ambit_agent::testing::cni_add;

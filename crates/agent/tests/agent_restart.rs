@@ -7,6 +7,8 @@
 //! holding a fake `proc/` tree: `proc/<pid>/cgroup` files in kubelet formats and
 //! `proc/<pid>/ns/net` symlinks to the real `/proc/<sleep pid>/ns/net`.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use ambit_agent::testing::cni_add;

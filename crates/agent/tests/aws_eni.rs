@@ -5,6 +5,8 @@
 //! hooks run against it through the same runner the agent uses. Everything lives in the
 //! topology's namespaces, which are deleted on drop, panics included.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use ambit_agent::testing::cni_add;

@@ -3,6 +3,8 @@
 //! proc tree is a temp dir whose `<pid>/ns/net` links point at those namespaces (a real
 //! process's cgroup cannot be faked), as in `agent_restart.rs`.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use std::collections::{HashMap, HashSet};

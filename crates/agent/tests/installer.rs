@@ -3,6 +3,8 @@
 //! uninstall removes, clear errors for bad directories; and, in network namespaces (root),
 //! the agent's readiness following the installer and upgrade vs uninstall shutdown.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use std::fs;

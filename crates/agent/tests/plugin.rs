@@ -1,6 +1,8 @@
 //! CNI plugin: pure `plugin_main` against a fake agent on a real Unix socket, and the
 //! chained conflist installer on temp dirs.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use std::io::{Read, Write};

@@ -2,6 +2,8 @@
 //! raw HTTP requests (status per body), the plugin-side sender, and `plugin_main` reporting
 //! its own invocation.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use std::path::Path;

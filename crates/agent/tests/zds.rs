@@ -2,6 +2,8 @@
 //! socket. The netns fd sent in these tests is the test process's own (`/proc/self/ns/net`),
 //! which needs no privileges.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use std::sync::Arc;

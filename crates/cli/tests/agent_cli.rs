@@ -2,6 +2,9 @@
 //! API configuration it must refuse to start with a clear error (never run with no pods and
 //! report ready). No root needed: it fails before touching the network.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
+
 use std::process::Command;
 
 const AMBIT: &str = env!("CARGO_BIN_EXE_ambit");

@@ -3,6 +3,8 @@
 //! through the one writer in `src/out.rs`; `ambit status` is also checked this way on a
 //! running mesh (`mesh_up.rs`, `a_killed_component_is_restarted`).
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)]
 
 #[path = "support/pipe.rs"]

@@ -3,6 +3,8 @@
 //! PeerAuthentication edits to the manifest files must be enforced within 2 s while traffic
 //! flows. Needs root (network namespaces).
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 #[path = "support/mesh.rs"]

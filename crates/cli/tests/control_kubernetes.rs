@@ -4,6 +4,9 @@
 //! brief API server outage; one Kubernetes client (one credential plugin run) for the
 //! source and TokenReview. The CA is called over gRPC/TLS as ztunnel calls it. No root.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -4,6 +4,9 @@
 //! command). Each case is run as a process under the name it is called by (a link to the
 //! built binary); no root needed: the roles stop at their configuration check.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
+
 use std::path::Path;
 use std::process::Command;
 

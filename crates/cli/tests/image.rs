@@ -6,6 +6,9 @@
 //! The first run downloads Debian packages (cached in ~/.cache/ambit/image); later runs only
 //! assemble and import.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
+
 use std::path::Path;
 use std::process::{Command, Output};
 

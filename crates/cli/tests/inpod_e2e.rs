@@ -4,6 +4,8 @@
 //! runtime would run it. Then a ztunnel restart hand-off under a steady stream of new
 //! connections. Needs root.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 #[path = "support/mesh.rs"]

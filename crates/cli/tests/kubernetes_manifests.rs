@@ -6,6 +6,9 @@
 //! monitoring objects pointing at ports that exist, the unprotected-pods alert, overlays that
 //! only swap images.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

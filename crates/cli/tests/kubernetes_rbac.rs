@@ -4,6 +4,9 @@
 //! object source and TokenReview); every recorded request must be allowed by the role's rules,
 //! and every rule (API group, resource, verb) must be used by some request. No root needed.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, RwLock};

@@ -4,6 +4,9 @@
 //! still flowing through the new ztunnel, then `ambit down` leaving no process behind.
 //! Needs root (network namespaces).
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
+
 use ambit_testkit::eventually_blocking;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

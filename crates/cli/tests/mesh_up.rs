@@ -7,6 +7,9 @@
 //! (naming file and document) without creating anything; components that die are restarted
 //! (`a_killed_component_is_restarted`). Needs root (network namespaces).
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -3,6 +3,8 @@
 //! source of workloads and policies. Needs root (network namespaces); fails under CI=true
 //! without it.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 #[path = "support/mesh.rs"]

@@ -2,6 +2,9 @@
 //! reuse, `exec` credential plugins (run once, again after a 401 or expiry), creates
 //! (TokenReview) and an outage answered with 503.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 

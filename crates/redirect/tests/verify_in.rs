@@ -8,6 +8,8 @@
 //! a panic); nothing runs in the test's own namespace. Fails under `CI=true` without the
 //! privilege.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 // Test helpers outside #[test] fns: a panic is how they report failure.
 #![allow(clippy::unwrap_used)]
 

@@ -3,6 +3,8 @@
 //!
 //! `UPDATE_GOLDEN=1 cargo test -p ambit-redirect --test vm_golden` rewrites the files.
 
+// The Linux rules exist on Unix only.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;

@@ -5,6 +5,8 @@
 //!
 //! Without root these tests print "skip" and pass, unless `CI=true`, where they fail.
 
+// The Linux rules exist on Unix only.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 #[path = "support/testns.rs"]

@@ -2,6 +2,8 @@
 //! forwarding of everything else to a fake upstream nameserver (UDP and TCP), TCP fallback on
 //! truncation, error answers, robustness against malformed packets, metrics and drain.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 // Test helpers outside #[test] functions may unwrap too.
 #![allow(clippy::unwrap_used)]
 

@@ -4,6 +4,8 @@
 //! is checked inside them with `ss` (listeners 15001/15006/15008, `fwmark:0x539`), through
 //! readiness, metrics, `workloadState` and the certificate cache.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 // Test helpers outside #[test] functions may unwrap too.
 #![allow(clippy::unwrap_used)]
 

@@ -2,6 +2,9 @@
 //! behind its real TLS gRPC server, talked to by a raw protocol client and by ztunnel's
 //! `XdsClient` feeding a `ProxyState`, and what waits for that state to sync (the in-pod
 //! manager's ZDS connection).
+
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
