@@ -603,6 +603,67 @@ async fn failed_starts_stay_pending_and_are_retried() {
     }
 }
 
+/// A pending pod is forgotten by a `DelWorkload` and by a new connection, so its retry never
+/// starts it later (on Windows the pod waiting for its network compartment is such a pod;
+/// upstream's queued retry survives a Del). The witness is a second pending pod whose cause
+/// is fixed at the same time: once it has started, a retry pass has run, and the cancelled
+/// pod must not have been started by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_del_or_a_reconnect_cancels_a_pending_pod() {
+    skip_unless_root!("a_del_or_a_reconnect_cancels_a_pending_pod");
+    for cancel in ["Del", "agent restart"] {
+        let mut h = Harness::start(Duration::from_millis(200)).await;
+        let (a, witness) = (Pod::new("uid-a", "alpha"), Pod::new("uid-w", "witness"));
+        h.state.upsert_workload(a.workload());
+        h.state.upsert_workload(witness.workload());
+        let held = [hold_port(&a, 15006), hold_port(&witness, 15006)];
+        assert!(
+            !h.add(&a).await.is_empty(),
+            "{cancel}: NACK while the port is held"
+        );
+        h.ack(&snapshot(), &[]).await;
+        assert_eq!(
+            h.mgr.workload_state()["uid-a"]["state"],
+            "Pending",
+            "{cancel}"
+        );
+        match cancel {
+            "Del" => h.ack(&del("uid-a"), &[]).await,
+            _ => {
+                h.agent_restart().await;
+                eventually(cancel, || h.mgr.workload_state().get("uid-a").is_none()).await;
+            }
+        }
+        assert!(
+            h.mgr.workload_state().get("uid-a").is_none(),
+            "{cancel}: {:?}",
+            h.mgr.workload_state()
+        );
+        assert!(
+            !h.add(&witness).await.is_empty(),
+            "{cancel}: witness NACKed"
+        );
+        if cancel != "Del" {
+            h.ack(&snapshot(), &[]).await;
+        }
+        assert_eq!(
+            h.wm(),
+            (0, 1, 0, 0),
+            "{cancel}: only the witness is pending"
+        );
+        drop(held);
+        eventually(cancel, || witness.proxied()).await;
+        assert!(
+            a.unproxied(),
+            "{cancel}: the cancelled pod was started: {:?}",
+            a.listeners()
+        );
+        assert_eq!(h.wm(), (1, 0, 1, 0), "{cancel}");
+        eventually(cancel, || h.is_ready()).await;
+        h.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readd_with_a_new_netns_replaces_the_proxies() {
     skip_unless_root!("readd_with_a_new_netns_replaces_the_proxies");
