@@ -1,0 +1,238 @@
+//! The Windows manifests (`deploy/kubernetes/windows/`, docs/windows.md): valid against the
+//! Kubernetes schemas (`kubernetes-validate --strict`, as `kubernetes_manifests.rs`), and the
+//! properties a Windows node needs, checked on the parsed objects: every workload of the
+//! Linux manifests pinned to `kubernetes.io/os: linux` and every Windows one to `windows`;
+//! ztunnel a HostProcess container running as `NT AUTHORITY\SYSTEM` (the policies' exempt
+//! SID) on the pipe the agent serves, without `SO_REUSEPORT`; the hold snippet's init
+//! container running `ambit wait-enrolled` on a downward-API file of the pod's annotations
+//! before any application container.
+
+// Unix only: the schema tool is installed by scripts/test on the Linux host.
+#![cfg(unix)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn objects(files: &[PathBuf]) -> Vec<Value> {
+    files
+        .iter()
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(path).expect("read manifest");
+            serde_norway::Deserializer::from_str(&text)
+                .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
+                .filter(|v: &Value| !v.is_null())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn windows_objects() -> Vec<Value> {
+    let files = yaml_files(&deploy().join("windows"));
+    assert!(files.len() >= 2, "Windows manifests missing: {files:?}");
+    objects(&files)
+}
+
+/// The pod spec of a workload or of a bare Pod.
+fn pod_spec(o: &Value) -> &Value {
+    if o["kind"] == "Pod" {
+        &o["spec"]
+    } else {
+        &o["spec"]["template"]["spec"]
+    }
+}
+
+fn name(o: &Value) -> String {
+    format!("{} {}", o["kind"], o["metadata"]["name"])
+}
+
+fn env<'a>(container: &'a Value, key: &str) -> Option<&'a str> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == key)?["value"]
+        .as_str()
+}
+
+#[test]
+fn windows_manifests_pass_the_kubernetes_schemas() {
+    let tool = std::env::var_os("AMBIT_KUBERNETES_VALIDATE")
+        .map(PathBuf::from)
+        .filter(|p| p.exists());
+    let Some(tool) = tool else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: kubernetes-validate is missing (scripts/test installs it; set \
+             AMBIT_KUBERNETES_VALIDATE)"
+        );
+        eprintln!("skipped: AMBIT_KUBERNETES_VALIDATE not set (run scripts/test)");
+        return;
+    };
+    let files = yaml_files(&deploy().join("windows"));
+    let out = Command::new(&tool)
+        .arg("--strict")
+        .args(&files)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "kubernetes-validate failed:\n{text}");
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("ERROR") || l.starts_with("WARN")),
+        "{text}"
+    );
+    let passed = text.lines().filter(|l| l.contains(" passed for ")).count();
+    assert_eq!(
+        passed,
+        objects(&files).len(),
+        "every object validated:\n{text}"
+    );
+}
+
+#[test]
+fn every_workload_is_pinned_to_its_os() {
+    let workloads = ["DaemonSet", "Deployment", "StatefulSet", "Pod"];
+    for (os, objects) in [
+        ("linux", objects(&yaml_files(&deploy()))),
+        ("windows", windows_objects()),
+    ] {
+        let pinned: Vec<_> = objects
+            .iter()
+            .filter(|o| workloads.iter().any(|k| o["kind"] == *k))
+            .collect();
+        assert!(!pinned.is_empty(), "no {os} workloads");
+        for o in pinned {
+            assert_eq!(
+                pod_spec(o)["nodeSelector"]["kubernetes.io/os"],
+                os,
+                "{}",
+                name(o)
+            );
+        }
+    }
+}
+
+#[test]
+fn windows_ztunnel_is_a_system_host_process_on_the_agents_pipe() {
+    let objects = windows_objects();
+    let ds: Vec<_> = objects
+        .iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .collect();
+    assert!(!ds.is_empty(), "no Windows DaemonSet");
+    for o in ds {
+        let spec = pod_spec(o);
+        let what = name(o);
+        assert_eq!(spec["hostNetwork"], true, "{what}");
+        let windows = &spec["securityContext"]["windowsOptions"];
+        assert_eq!(windows["hostProcess"], true, "{what}");
+        // The policies exempt this user's connections (spec/windows.md §3.4).
+        assert_eq!(windows["runAsUserName"], "NT AUTHORITY\\SYSTEM", "{what}");
+        assert_eq!(spec["priorityClassName"], "system-node-critical", "{what}");
+        let c = &spec["containers"][0];
+        let command: Vec<&str> = c["command"]
+            .as_array()
+            .expect("command")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            command[0].starts_with("%CONTAINER_SANDBOX_MOUNT_POINT%"),
+            "{what}: a HostProcess image is mounted there: {command:?}"
+        );
+        assert_eq!(command[1..], ["ztunnel"], "{what}");
+        assert_eq!(
+            env(c, "INPOD_UDS"),
+            Some(ambit_contract::windows::ZDS_PIPE),
+            "{what}"
+        );
+        assert_eq!(env(c, "INPOD_ENABLED"), Some("true"), "{what}");
+        // Refused on Windows when true (its default): no SO_REUSEPORT hand-off there.
+        assert_eq!(env(c, "INPOD_PORT_REUSE"), Some("false"), "{what}");
+        assert_eq!(env(c, "IPV6_ENABLED"), Some("false"), "{what}");
+        assert_eq!(
+            env(c, "PACKET_MARK"),
+            None,
+            "{what}: no socket marks on Windows"
+        );
+        assert!(
+            env(c, "ALT_XDS_HOSTNAME").is_some() && env(c, "ALT_CA_HOSTNAME").is_some(),
+            "{what}: HostProcess pods cannot use cluster DNS"
+        );
+    }
+}
+
+#[test]
+fn the_hold_snippet_runs_wait_enrolled_before_the_application() {
+    let objects = windows_objects();
+    let pods: Vec<_> = objects.iter().filter(|o| o["kind"] == "Pod").collect();
+    assert_eq!(pods.len(), 1, "the hold snippet's example pod");
+    let spec = pod_spec(pods[0]);
+    let inits = spec["initContainers"].as_array().expect("initContainers");
+    // Kubelet runs init containers in order and the app only after all of them: the hold
+    // must be the first, so nothing of the pod runs before it is captured.
+    let hold = &inits[0];
+    let args: Vec<&str> = hold["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .chain(hold["args"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(args[0].ends_with("ambit.exe"), "{args:?}");
+    assert_eq!(args[1], "wait-enrolled", "{args:?}");
+    let file = args
+        .iter()
+        .position(|a| *a == "--annotations")
+        .map(|i| args[i + 1])
+        .expect("--annotations");
+    // The file is `metadata.annotations` of a downward-API volume mounted at its directory.
+    let mount = hold["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| {
+            let at = m["mountPath"].as_str().unwrap_or_default();
+            file.strip_prefix(at)
+                .is_some_and(|rest| rest.starts_with('\\') || rest.starts_with('/'))
+        })
+        .unwrap_or_else(|| panic!("no volume mounted over {file}"));
+    let item_path = &file[mount["mountPath"].as_str().unwrap().len() + 1..];
+    let volume = spec["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume");
+    let item = volume["downwardAPI"]["items"]
+        .as_array()
+        .expect("a downwardAPI volume")
+        .iter()
+        .find(|i| i["path"] == item_path)
+        .unwrap_or_else(|| panic!("no downwardAPI item {item_path}"));
+    assert_eq!(item["fieldRef"]["fieldPath"], "metadata.annotations");
+    assert_eq!(
+        pods[0]["metadata"]["labels"]["istio.io/dataplane-mode"],
+        "ambient"
+    );
+}
