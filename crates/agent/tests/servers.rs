@@ -4,6 +4,8 @@
 //! with 413 (`/cmdadd` included), and connections beyond the cap wait until one ends. Each
 //! case runs against every server. Root: the agent's host side lives in a topology node.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)] // tests: helpers panic on setup failure
 
 use std::path::PathBuf;

@@ -14,6 +14,8 @@
 //! One mesh for all drills; every wait is bounded. Needs root (network namespaces),
 //! `tcpdump` and `nsenter`.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;

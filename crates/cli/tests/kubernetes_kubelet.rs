@@ -21,6 +21,8 @@
 //! containernetworking-plugins (`ptp`, `host-local`, `loopback`); with `CI=true` anything
 //! missing is a failure.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #[path = "support/kubelet.rs"]
 mod kubelet;
 

@@ -94,6 +94,8 @@ impl Listener for tokio::net::TcpListener {
     }
 }
 
+// Unix sockets exist on Unix only (the Windows build has none).
+#[cfg(unix)]
 impl Listener for tokio::net::UnixListener {
     type Io = tokio::net::UnixStream;
 

@@ -7,6 +7,8 @@
 //! (a [`ambit_redirect::vm::VmRedirectConfig`]). It does no I/O beyond reading the bundle's
 //! files; `ambit vm up` applies the result.
 
+// VMs are Linux hosts: off Unix (the Windows build) the crate is empty.
+#![cfg(unix)]
 #![forbid(unsafe_code)]
 
 pub mod bundle;

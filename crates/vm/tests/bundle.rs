@@ -1,6 +1,8 @@
 //! Reading a VM bundle: every cluster.env key's effect, mesh.yaml's proxyMetadata, and bad
 //! bundles (each error names its file, line and key).
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;

@@ -1,6 +1,8 @@
 //! `vm up`'s ztunnel environment: what the bundle becomes, and that ztunnel's own
 //! configuration reader accepts it as a dedicated-mode workload.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)]
 
 #[path = "support/bundle_dir.rs"]

@@ -7,6 +7,8 @@
 //!
 //! Without root these tests print "skip" and pass, unless `CI=true`, where they fail.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 #[path = "support/bundle_dir.rs"]
