@@ -762,7 +762,15 @@ mod tests {
             assert!(errs.iter().any(|e| e.var == var), "{pairs:?}: {errs}");
         }
         // Dedicated mode has no pod hand-off: the default is fine there.
-        assert!(load_windows(&[("PROXY_MODE", "dedicated")]).is_ok());
+        let dedicated = load_windows(&[
+            ("PROXY_MODE", "dedicated"),
+            ("PROXY_WORKLOAD_INFO", "ns1/pod1/sa1"),
+        ]);
+        assert!(
+            dedicated.is_ok(),
+            "{:?}",
+            dedicated.err().map(|e| e.to_string())
+        );
         // Linux keeps its defaults.
         let linux = load(&[]).unwrap();
         assert_eq!(
