@@ -1,6 +1,8 @@
 //! `ambit vm configure`: the bundle written for a WorkloadGroup reads back with
 //! [`Bundle::load`] as the same workload, for a table of groups.
 
+// Unix only: ambit-vm (the VM's host rules) is built on Unix only.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)]
 
 use ambit_redirect::vm::InboundCapture;
