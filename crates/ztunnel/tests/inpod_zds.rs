@@ -631,7 +631,10 @@ async fn a_del_or_a_reconnect_cancels_a_pending_pod() {
             "Del" => h.ack(&del("uid-a"), &[]).await,
             _ => {
                 h.agent_restart().await;
-                eventually(cancel, || h.mgr.workload_state().get("uid-a").is_none()).await;
+                eventually(cancel, WAIT, || {
+                    h.mgr.workload_state().get("uid-a").is_none()
+                })
+                .await;
             }
         }
         assert!(
@@ -652,14 +655,14 @@ async fn a_del_or_a_reconnect_cancels_a_pending_pod() {
             "{cancel}: only the witness is pending"
         );
         drop(held);
-        eventually(cancel, || witness.proxied()).await;
+        eventually(cancel, WAIT, || witness.proxied()).await;
         assert!(
             a.unproxied(),
             "{cancel}: the cancelled pod was started: {:?}",
             a.listeners()
         );
         assert_eq!(h.wm(), (1, 0, 1, 0), "{cancel}");
-        eventually(cancel, || h.is_ready()).await;
+        eventually(cancel, WAIT, || h.is_ready()).await;
         h.shutdown().await;
     }
 }
