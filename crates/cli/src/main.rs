@@ -40,6 +40,7 @@ mod up;
 mod vm;
 mod wait;
 mod ztunnel;
+#[cfg(unix)]
 mod ztunnel_log;
 
 #[derive(Debug, Parser)]

@@ -7,6 +7,8 @@
 //! plaintext before, during and after `vm up` and after a failed start; `vm down` leaves the
 //! VM namespace's iptables and nftables rulesets as they were before. Needs root.
 
+// Unix only: it drives the Linux agent, namespaces or Unix sockets.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 #[path = "support/mesh.rs"]
