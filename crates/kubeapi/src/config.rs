@@ -252,7 +252,8 @@ impl KubeConfig {
     /// The configuration a client in this environment should use, in client-go's order. This
     /// is the one rule of every ambit role (agent, control plane, `ztunnel-config`):
     ///
-    /// 1. `KUBECONFIG` when set: its `:`-separated files merged as kubectl merges them
+    /// 1. `KUBECONFIG` when set: its files (`:`-separated, `;` on Windows, as client-go's
+    ///    `filepath.SplitList`) merged as kubectl merges them
     ///    ([`KubeConfig::from_kubeconfig_files`]); files of the list that do not exist are
     ///    skipped, but a list naming no existing file is an error, not a fallback, so a typo
     ///    is not silently replaced by other credentials.
@@ -266,12 +267,15 @@ impl KubeConfig {
     ) -> Result<Self, ConfigError> {
         let set = |name: &str| var(name).filter(|v| !v.is_empty());
         if let Some(list) = set("KUBECONFIG") {
-            let files: Vec<&Path> = list
-                .split(':')
-                .filter(|f| !f.is_empty())
-                .map(Path::new)
+            // The platform's path-list separator: `;` on Windows, where `:` is in `C:\...`.
+            let files: Vec<PathBuf> = std::env::split_paths(&list)
+                .filter(|f| !f.as_os_str().is_empty())
                 .collect();
-            let existing: Vec<&Path> = files.iter().copied().filter(|f| f.exists()).collect();
+            let existing: Vec<&Path> = files
+                .iter()
+                .map(PathBuf::as_path)
+                .filter(|f| f.exists())
+                .collect();
             if existing.is_empty() {
                 return Err(ConfigError::NoKubeconfigFile { list });
             }
@@ -813,7 +817,7 @@ mod tests {
         let missing = root.join("missing").display().to_string();
         let home_s = home.display().to_string();
         let root_s = root.display().to_string();
-        let list = |files: &[&str]| files.join(":");
+        let list = |files: &[&str]| std::env::join_paths(files).unwrap().into_string().unwrap();
         let token_file = |d: &str| {
             format!(
                 "{:?}",

@@ -592,6 +592,7 @@ mod tests {
 
         // Bad environments are errors, never panics.
         let sa = dir.path().join("no-sa");
+        let sa_ca = sa.join("ca.crt").display().to_string();
         type Vars = Vec<(String, String)>;
         let cases: Vec<(Vars, &str, &str)> = vec![
             (vars(&[("KUBECONFIG", &kc)]), "", "NODE_NAME"),
@@ -602,7 +603,7 @@ mod tests {
                     ("KUBERNETES_SERVICE_PORT", "443"),
                 ]),
                 "n1",
-                "no-sa/ca.crt",
+                &sa_ca,
             ),
             (
                 vars(&[("KUBECONFIG", &dir.path().join("nope").display().to_string())]),
