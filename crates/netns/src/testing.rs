@@ -34,6 +34,13 @@ pub fn netns_capable_or_skip(test: &str) -> bool {
     }
 }
 
+/// Whether this Windows test binary runs under Wine (`scripts/wine/run`) rather than on a
+/// Windows host.
+#[cfg(windows)]
+pub fn under_wine() -> bool {
+    crate::imp::under_wine()
+}
+
 /// The environment variable naming upstream ztunnel's release binary, which interop tests
 /// and the benchmark run beside ambit (a measuring and interop tool, never linked).
 pub const UPSTREAM_ZTUNNEL_ENV: &str = "AMBIT_UPSTREAM_ZTUNNEL";

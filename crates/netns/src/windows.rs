@@ -26,6 +26,15 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::compartment::{CompartmentError, CompartmentOps, CompartmentThread};
 use crate::socket::{SocketError, SocketFactory, SocketOptions, Transparent, create_socket};
 
+/// Whether this process runs under Wine (its ntdll exports `wine_get_version`): for tests
+/// that assert a Windows behaviour Wine does not reproduce.
+pub fn under_wine() -> bool {
+    dll::Dll::system("ntdll.dll").is_ok_and(|ntdll| {
+        // SAFETY: only whether the symbol exists is used; the pointer is never called.
+        unsafe { ntdll.function::<unsafe extern "system" fn()>(c"wine_get_version") }.is_ok()
+    })
+}
+
 /// What a socket handle is here: a `SOCKET`.
 pub(crate) use std::os::windows::io::AsSocket;
 

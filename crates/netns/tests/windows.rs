@@ -86,8 +86,15 @@ async fn a_closed_peer_reads_as_zero_and_the_listener_serves_the_next() {
 async fn the_name_cannot_be_taken_twice_and_nothing_connects_to_nothing() {
     let path = pipe_name("twice");
     let _first = Listener::bind(&path).unwrap();
-    let err = Listener::bind(&path).unwrap_err();
-    assert!(matches!(err, Error::Listen { .. }), "{err}");
+    let second = Listener::bind(&path);
+    if ambit_netns::testing::under_wine() {
+        // Wine 8's CreateNamedPipeW ignores FILE_FLAG_FIRST_PIPE_INSTANCE (it always opens
+        // with FILE_OPEN_IF), so the rule is checked on a Windows node only (docs/windows.md).
+        eprintln!("under Wine: the first-instance rule is not enforced, not asserted");
+    } else {
+        let err = second.unwrap_err();
+        assert!(matches!(err, Error::Listen { .. }), "{err}");
+    }
     let err = Conn::connect(&pipe_name("absent")).await.unwrap_err();
     assert!(matches!(err, Error::Connect { .. }), "{err}");
 }
