@@ -5,7 +5,9 @@
 //! ztunnel a HostProcess container running as `NT AUTHORITY\SYSTEM` (the policies' exempt
 //! SID) on the pipe the agent serves, without `SO_REUSEPORT`; the hold snippet's init
 //! container running `ambit wait-enrolled` on a downward-API file of the pod's annotations
-//! before any application container.
+//! before any application container; the Windows ztunnel with the Linux one's service
+//! account, istio-ca token and root bundle; the image holding `ambit.exe` where each
+//! manifest runs it.
 
 // Unix only: the schema tool is installed by scripts/test on the Linux host.
 #![cfg(unix)]
@@ -235,4 +237,94 @@ fn the_hold_snippet_runs_wait_enrolled_before_the_application() {
         pods[0]["metadata"]["labels"]["istio.io/dataplane-mode"],
         "ambient"
     );
+}
+
+/// A container's volume (by mount path) and the pod volume behind it.
+fn mounted_volume<'a>(spec: &'a Value, container: &Value, mount_path: &str) -> Option<&'a Value> {
+    let mount = container["volumeMounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["mountPath"] == mount_path)?;
+    spec["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+}
+
+#[test]
+fn windows_ztunnel_has_the_linux_ztunnels_identity_and_trust() {
+    let linux = objects(&yaml_files(&deploy()));
+    let linux_ds = linux
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "ztunnel")
+        .expect("the Linux ztunnel DaemonSet");
+    let objects = windows_objects();
+    let ds = objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "ztunnel-windows")
+        .expect("the Windows ztunnel DaemonSet");
+    let (spec, linux_spec) = (pod_spec(ds), pod_spec(linux_ds));
+    // The CA accepts istio-system/ztunnel as the node proxy: the same service account, which
+    // the Linux manifests create.
+    let ns = &ds["metadata"]["namespace"];
+    assert_eq!(spec["serviceAccountName"], "ztunnel");
+    assert!(
+        linux.iter().any(|o| o["kind"] == "ServiceAccount"
+            && o["metadata"]["name"] == spec["serviceAccountName"]
+            && o["metadata"]["namespace"] == *ns),
+        "no ServiceAccount {ns}/{}",
+        spec["serviceAccountName"]
+    );
+    // The istio-ca token and the root bundle, at the paths ztunnel reads by default, from the
+    // same sources as on Linux.
+    let (c, linux_c) = (&spec["containers"][0], &linux_spec["containers"][0]);
+    for path in ["/var/run/secrets/tokens", "/var/run/secrets/istio"] {
+        let win = mounted_volume(spec, c, path).unwrap_or_else(|| panic!("no volume at {path}"));
+        let lin = mounted_volume(linux_spec, linux_c, path).expect("Linux volume");
+        assert_eq!(win, lin, "{path}");
+    }
+    // Labels: the selector picks the template, and istioctl treats any `app` starting with
+    // "ztunnel" as ztunnel (spec/windows.md §1.1).
+    let labels = &ds["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in ds["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels")
+    {
+        assert_eq!(&labels[k], v, "selector label {k}");
+    }
+    assert!(
+        labels["app"].as_str().is_some_and(|a| a.starts_with("ztunnel")),
+        "{labels}"
+    );
+}
+
+#[test]
+fn the_windows_image_has_ambit_where_the_manifests_run_it() {
+    let dockerfile = std::fs::read_to_string(deploy().join("../image/windows/Dockerfile"))
+        .expect("deploy/image/windows/Dockerfile");
+    let copied: Vec<String> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY ambit.exe "))
+        .map(|to| format!("C:{}", to.trim().replace('/', "\\")))
+        .collect();
+    for o in windows_objects() {
+        let spec = pod_spec(&o);
+        let containers = spec["containers"]
+            .as_array()
+            .into_iter()
+            .chain(spec["initContainers"].as_array())
+            .flatten();
+        for c in containers {
+            let Some(cmd) = c["command"][0].as_str() else {
+                continue;
+            };
+            if !cmd.ends_with("ambit.exe") {
+                continue;
+            }
+            // A HostProcess container's image is mounted at its sandbox mount point; other
+            // containers see it at C:\.
+            let at = cmd.replace("%CONTAINER_SANDBOX_MOUNT_POINT%", "C:");
+            assert!(copied.contains(&at), "{}: {cmd} not in {copied:?}", name(&o));
+        }
+    }
 }
