@@ -293,7 +293,9 @@ fn windows_ztunnel_has_the_linux_ztunnels_identity_and_trust() {
         assert_eq!(&labels[k], v, "selector label {k}");
     }
     assert!(
-        labels["app"].as_str().is_some_and(|a| a.starts_with("ztunnel")),
+        labels["app"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("ztunnel")),
         "{labels}"
     );
 }
@@ -324,7 +326,11 @@ fn the_windows_image_has_ambit_where_the_manifests_run_it() {
             // A HostProcess container's image is mounted at its sandbox mount point; other
             // containers see it at C:\.
             let at = cmd.replace("%CONTAINER_SANDBOX_MOUNT_POINT%", "C:");
-            assert!(copied.contains(&at), "{}: {cmd} not in {copied:?}", name(&o));
+            assert!(
+                copied.contains(&at),
+                "{}: {cmd} not in {copied:?}",
+                name(&o)
+            );
         }
     }
 }
