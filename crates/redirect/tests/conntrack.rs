@@ -7,6 +7,8 @@
 //! Throwaway namespaces (`amr*`) only. Without root this prints "skip" and passes, unless
 //! `CI=true`, where it fails.
 
+// Unix only: namespaces and nf_tables.
+#![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
