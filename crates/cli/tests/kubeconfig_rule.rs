@@ -5,6 +5,9 @@
 //! reason only the merge can produce (a reader of the first file alone would fail
 //! differently), and every entry point must refuse it with that reason. No root needed.
 
+// Unix only: the entry points it runs are Linux roles (not in the Windows binary).
+#![cfg(unix)]
+
 use std::path::Path;
 use std::process::Command;
 

@@ -4,6 +4,9 @@
 //! by `--workload-namespace` / `--address` / `--direction`; `--file` reads a saved dump. The
 //! kubeconfig is found by the KUBECONFIG rule. No root needed.
 
+// Unix only: the entry points it runs are Linux roles (not in the Windows binary).
+#![cfg(unix)]
+
 use std::process::{Command, Output};
 
 use ambit_kubeapi::testing::FakeApiServer;
