@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
 
+// The API-server source and the upgrade-or-uninstall lookup belong to the Linux daemon (the
+// Windows binary has no agent role yet, docs/windows.md).
+#[cfg(unix)]
 pub mod kube;
-// The upgrade-or-uninstall lookup belongs to the Linux agent's shutdown.
 #[cfg(unix)]
 pub mod kube_daemonset;
 
