@@ -261,6 +261,29 @@ fn apply_options(
     imp::apply_options(sock, ipv6, opts, mark)
 }
 
+/// Where marks and transparent sockets do not exist (Windows, platforms without network
+/// namespaces): each Linux-only option asked for is refused by name, never ignored.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn refuse_linux_options(
+    opts: &SocketOptions,
+    mark: Option<u32>,
+) -> Result<(), SocketError> {
+    let unsupported = |option| Err(SocketError::Unsupported { option });
+    if mark.is_some() {
+        return unsupported("SO_MARK");
+    }
+    if opts.reuse_port {
+        return unsupported("SO_REUSEPORT");
+    }
+    if opts.transparent == Transparent::Required {
+        return unsupported("IP_TRANSPARENT");
+    }
+    if opts.freebind {
+        return unsupported("IP_FREEBIND");
+    }
+    Ok(())
+}
+
 pub(crate) fn create_socket(
     domain: Domain,
     ty: Type,
@@ -316,4 +339,48 @@ pub fn is_transparent<S: imp::AsSocket>(sock: &S) -> io::Result<bool> {
     let r = socket2::SockRef::from(sock);
     let ipv6 = r.local_addr()?.is_ipv6();
     crate::imp::is_transparent(&r, ipv6)
+}
+
+/// Run under Wine by `scripts/test` (the Windows step): nothing Linux-only is silently dropped.
+#[cfg(all(test, not(target_os = "linux")))]
+mod refuse_tests {
+    use super::*;
+
+    #[test]
+    fn each_linux_only_option_is_refused_by_name() {
+        let cases: [(&str, SocketOptions, Option<u32>); 4] = [
+            ("SO_MARK", SocketOptions::default(), Some(0x539)),
+            (
+                "SO_REUSEPORT",
+                SocketOptions {
+                    reuse_port: true,
+                    ..SocketOptions::default()
+                },
+                None,
+            ),
+            (
+                "IP_TRANSPARENT",
+                SocketOptions {
+                    transparent: Transparent::Required,
+                    ..SocketOptions::default()
+                },
+                None,
+            ),
+            (
+                "IP_FREEBIND",
+                SocketOptions {
+                    freebind: true,
+                    ..SocketOptions::default()
+                },
+                None,
+            ),
+        ];
+        for (want, opts, mark) in cases {
+            match refuse_linux_options(&opts, mark) {
+                Err(SocketError::Unsupported { option }) => assert_eq!(option, want),
+                other => panic!("{want}: expected a refusal, got {other:?}"),
+            }
+        }
+        assert!(refuse_linux_options(&SocketOptions::default(), None).is_ok());
+    }
 }

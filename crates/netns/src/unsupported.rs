@@ -11,7 +11,7 @@ use socket2::Socket;
 
 use crate::{
     NetnsError, NetnsId,
-    socket::{SocketError, SocketOptions, Transparent},
+    socket::{SocketError, SocketOptions},
 };
 
 /// What a socket handle is here: a descriptor.
@@ -51,20 +51,7 @@ pub(crate) fn apply_options(
     opts: &SocketOptions,
     mark: Option<u32>,
 ) -> Result<(), SocketError> {
-    let unsupported = |option| Err(SocketError::Unsupported { option });
-    if mark.is_some() {
-        return unsupported("SO_MARK");
-    }
-    if opts.reuse_port {
-        return unsupported("SO_REUSEPORT");
-    }
-    if opts.transparent == Transparent::Required {
-        return unsupported("IP_TRANSPARENT");
-    }
-    if opts.freebind {
-        return unsupported("IP_FREEBIND");
-    }
-    Ok(())
+    crate::socket::refuse_linux_options(opts, mark)
 }
 
 pub(crate) fn original_dst(_sock: &socket2::SockRef<'_>) -> std::io::Result<std::net::SocketAddr> {

@@ -24,7 +24,7 @@ use std::sync::{Arc, OnceLock};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::compartment::{CompartmentError, CompartmentOps, CompartmentThread};
-use crate::socket::{SocketError, SocketFactory, SocketOptions, Transparent, create_socket};
+use crate::socket::{SocketError, SocketFactory, SocketOptions, create_socket};
 
 /// Whether this process runs under Wine (its ntdll exports `wine_get_version`): for tests
 /// that assert a Windows behaviour Wine does not reproduce.
@@ -52,20 +52,7 @@ pub(crate) fn apply_options(
     opts: &SocketOptions,
     mark: Option<u32>,
 ) -> Result<(), SocketError> {
-    let unsupported = |option| Err(SocketError::Unsupported { option });
-    if mark.is_some() {
-        return unsupported("SO_MARK");
-    }
-    if opts.reuse_port {
-        return unsupported("SO_REUSEPORT");
-    }
-    if opts.transparent == Transparent::Required {
-        return unsupported("IP_TRANSPARENT");
-    }
-    if opts.freebind {
-        return unsupported("IP_FREEBIND");
-    }
-    Ok(())
+    crate::socket::refuse_linux_options(opts, mark)
 }
 
 /// `SO_ORIGINAL_DST` at level `SOL_IP` (HNS's WFP proxy policy records it, as Envoy's
