@@ -216,6 +216,18 @@ fn dns_seeds() -> Result<(), Box<dyn std::error::Error>> {
     streams.push(messages[..4].iter().flat_map(|m| frame(m)).collect());
     streams.push([frame(&messages[0]), vec![0x00, 0x40, 0x12]].concat());
     write("dns_tcp", streams)?;
+    // The VM bundle's text files: cluster.env as istioctl writes it, every quoting form,
+    // every refusal, then a mesh.yaml and a hosts file.
+    write(
+        "vm_bundle",
+        text(&[
+            "CANONICAL_REVISION='latest'\nCANONICAL_SERVICE='foo'\nCA_ADDR='istiod.istio-system.svc:15012'\nISTIO_INBOUND_PORTS='*'\nISTIO_LOCAL_EXCLUDE_PORTS='22,15090,15021,15020'\nISTIO_METAJSON_LABELS='{\"app\":\"foo\"}'\nISTIO_META_DNS_CAPTURE='true'\nISTIO_META_NETWORK=''\nISTIO_NAMESPACE='bar'\nISTIO_SERVICE_CIDR='*'\nSERVICE_ACCOUNT='vm-sa'\nTRUST_DOMAIN=''\n",
+            "# comment\nexport A=plain\nB=\"double \\\"quoted\\\" $\"\nC='it'\"'\"'s'\nD='spans\nlines'\nE=a'b'\"c\"\n",
+            "A=1; rm -rf /\nB=$HOME\nC=`id`\nD='never closed\nA=again\n9X=bad\nF=one two\n",
+            "defaultConfig:\n  discoveryAddress: istiod.istio-system.svc:15012\n  proxyMetadata:\n    ISTIO_META_DNS_CAPTURE: \"true\"\n",
+            "127.0.0.1 istiod.istio-system.svc # the control plane\n::1 localhost ip6-localhost\nnot-an-address name\n10.0.0.1\n",
+        ]),
+    )?;
     Ok(())
 }
 
