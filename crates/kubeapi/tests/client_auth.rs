@@ -5,6 +5,10 @@
 // Unix only: it drives the Linux agent, namespaces or Unix sockets.
 #![cfg(unix)]
 
+#[path = "support/error_chain.rs"]
+mod error_chain;
+use error_chain::error_chain;
+
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
@@ -165,7 +169,7 @@ async fn expired_or_refused_exec_tokens_are_fetched_again_and_plugin_failures_na
     let client = Client::new(broken).expect("client");
     let err = client.list(PODS, None).await.expect_err("no plugin");
     assert!(matches!(err, Error::Credentials(_)), "{err:?}");
-    let line = anyhow_like(&err);
+    let line = error_chain(&err);
     for part in [
         "/nonexistent/plugin",
         "\"u1\"",
@@ -174,18 +178,6 @@ async fn expired_or_refused_exec_tokens_are_fetched_again_and_plugin_failures_na
     ] {
         assert!(line.contains(part), "{part:?} not in {line:?}");
     }
-}
-
-/// The error with its sources, as a log line shows it.
-fn anyhow_like(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 #[tokio::test]

@@ -8,6 +8,10 @@
 //! runtime under a harness deadline, so a client that blocks its thread fails the test
 //! instead of hanging it.
 
+#[path = "support/error_chain.rs"]
+mod error_chain;
+use error_chain::error_chain;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -104,17 +108,6 @@ fn with_harness<T: Send + 'static>(
     rx.recv_timeout(HARNESS).ok()
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
 #[test]
 fn hung_plugins_are_killed_at_their_deadline() {
     // (what hangs, the run that hangs, requests that succeed before it)
@@ -136,14 +129,14 @@ fn hung_plugins_are_killed_at_their_deadline() {
             };
             let client = match Client::with_config_limits(config, limits) {
                 Ok(client) => client,
-                Err(e) => return (0, Instant::now(), chain(&e)),
+                Err(e) => return (0, Instant::now(), error_chain(&e)),
             };
             let mut ok = 0;
             loop {
                 let started = Instant::now();
                 match client.list(PODS, None).await {
                     Ok(_) => ok += 1,
-                    Err(e) => return (ok, started, chain(&e)),
+                    Err(e) => return (ok, started, error_chain(&e)),
                 }
             }
         };
