@@ -19,6 +19,7 @@ const PROTOS: &[&str] = &[
     "google/rpc/status.proto",
     "envoy/config/core/v3/base.proto",
     "envoy/service/discovery/v3/discovery.proto",
+    "runtime/v1/cri.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -15,6 +15,7 @@
 //! | [`core`] | `envoy.config.core.v3` | the xDS `Node` and friends |
 //! | [`rpc`] | `google.rpc` | `Status`, the error detail of a NACK |
 //! | [`ca`] | `istio.v1.auth` | `IstioCertificateService` (CSR → chain) |
+//! | [`cri`] | `runtime.v1` | the container runtime's sandboxes (Windows node agent) |
 //!
 //! Code is generated at build time by protox (a pure-Rust protobuf compiler, so no
 //! system `protoc`) and tonic-prost-build; the gRPC services come with both the client
@@ -67,3 +68,4 @@ pub use generated::istio::security;
 pub use generated::istio::v1::auth as ca;
 pub use generated::istio::workload;
 pub use generated::istio::workload::zds;
+pub use generated::runtime::v1 as cri;

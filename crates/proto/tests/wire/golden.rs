@@ -2,7 +2,7 @@
 //! specs, so a renumbered field fails here even though a round trip would still pass.
 
 use ambit_proto::prost::Message;
-use ambit_proto::{ca, core, discovery, rpc, security, workload, zds};
+use ambit_proto::{ca, core, cri, discovery, rpc, security, workload, zds};
 
 fn hex(bytes: &[u8]) -> String {
     bytes
@@ -361,6 +361,45 @@ fn cases() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             }
             .encode_to_vec(),
             "12 01 6d",
+        ),
+        (
+            "PodSandboxStatusRequest{pod_sandbox_id: x, verbose}",
+            cri::PodSandboxStatusRequest {
+                pod_sandbox_id: "x".into(),
+                verbose: true,
+            }
+            .encode_to_vec(),
+            "0a 01 78 10 01",
+        ),
+        (
+            "PodSandboxStatusResponse.info is field 2, a map",
+            cri::PodSandboxStatusResponse {
+                status: None,
+                info: [("info".to_owned(), "x".to_owned())].into(),
+            }
+            .encode_to_vec(),
+            "12 09 0a 04 69 6e 66 6f 12 01 78",
+        ),
+        (
+            "PodSandboxMetadata.uid is field 2",
+            cri::PodSandboxMetadata {
+                uid: "x".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+            "12 01 78",
+        ),
+        (
+            "ListPodSandboxResponse{items: [PodSandbox{id: x, state: NOTREADY}]}",
+            cri::ListPodSandboxResponse {
+                items: vec![cri::PodSandbox {
+                    id: "x".into(),
+                    state: cri::PodSandboxState::SandboxNotready.into(),
+                    ..Default::default()
+                }],
+            }
+            .encode_to_vec(),
+            "0a 05 0a 01 78 18 01",
         ),
     ]
 }

@@ -94,6 +94,10 @@ fn service_names_match_upstream() {
             ads_server::SERVICE_NAME,
             "envoy.service.discovery.v3.AggregatedDiscoveryService",
         ),
+        (
+            ambit_proto::cri::runtime_service_server::SERVICE_NAME,
+            "runtime.v1.RuntimeService",
+        ),
     ];
     for (generated, upstream) in cases {
         assert_eq!(generated, upstream);

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use ambit_proto::prost::{Message, Name};
-use ambit_proto::{ca, core, discovery, rpc, security, workload, zds};
+use ambit_proto::{ca, core, cri, discovery, rpc, security, workload, zds};
 use proptest::prelude::*;
 
 type Decoder = fn(&[u8]);
@@ -60,6 +60,15 @@ fn all_decoders() -> Vec<(String, Decoder)> {
         discovery::resource::CacheControl,
         ca::IstioCertificateRequest,
         ca::IstioCertificateResponse,
+        cri::PodSandboxMetadata,
+        cri::PodSandboxStatusRequest,
+        cri::PodSandboxStatus,
+        cri::PodSandboxStatusResponse,
+        cri::PodSandboxStateValue,
+        cri::PodSandboxFilter,
+        cri::ListPodSandboxRequest,
+        cri::PodSandbox,
+        cri::ListPodSandboxResponse,
     ]
 }
 

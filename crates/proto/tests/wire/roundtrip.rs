@@ -6,7 +6,7 @@ use std::fmt::Debug;
 
 use ambit_proto::prost::{Message, Name};
 use ambit_proto::prost_types::FileDescriptorSet;
-use ambit_proto::{core, discovery, security, workload, zds};
+use ambit_proto::{core, cri, discovery, security, workload, zds};
 
 use crate::samples as s;
 
@@ -119,6 +119,25 @@ pub fn cases() -> Vec<Case> {
         case(discovery::resource::CacheControl { do_not_cache: true }),
         case(s::certificate_request()),
         case(s::certificate_response()),
+        case(s::sandbox_metadata()),
+        case(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: "sb".into(),
+            verbose: true,
+        }),
+        case(s::sandbox_status()),
+        case(cri::PodSandboxStatusResponse {
+            status: Some(s::sandbox_status()),
+            info: [("info".to_owned(), "{}".to_owned())].into(),
+        }),
+        case(s::sandbox_state_value()),
+        case(s::sandbox_filter()),
+        case(cri::ListPodSandboxRequest {
+            filter: Some(s::sandbox_filter()),
+        }),
+        case(s::sandbox()),
+        case(cri::ListPodSandboxResponse {
+            items: vec![s::sandbox(), s::sandbox()],
+        }),
     ];
     cases.extend(s::string_matches().into_iter().map(case));
     cases

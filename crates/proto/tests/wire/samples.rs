@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use ambit_proto::prost::Name;
 use ambit_proto::prost_types::{Any, Duration, Struct, Value, value::Kind};
-use ambit_proto::{ca, core, discovery, rpc, security, workload, zds};
+use ambit_proto::{ca, core, cri, discovery, rpc, security, workload, zds};
 
 pub fn string_struct(key: &str, value: &str) -> Struct {
     Struct {
@@ -333,5 +333,49 @@ pub fn certificate_request() -> ca::IstioCertificateRequest {
 pub fn certificate_response() -> ca::IstioCertificateResponse {
     ca::IstioCertificateResponse {
         cert_chain: vec!["leaf".into(), "intermediate".into(), "root".into()],
+    }
+}
+
+pub fn sandbox_metadata() -> cri::PodSandboxMetadata {
+    cri::PodSandboxMetadata {
+        name: "web-0".into(),
+        uid: "0b1c5a7e-3d2f-4e6a-9b8c-1d2e3f405162".into(),
+        namespace: "shop".into(),
+        attempt: 2,
+    }
+}
+
+pub fn sandbox_status() -> cri::PodSandboxStatus {
+    cri::PodSandboxStatus {
+        id: "sb".into(),
+        metadata: Some(sandbox_metadata()),
+        state: cri::PodSandboxState::SandboxNotready.into(),
+        created_at: 1_700_000_000_000_000_000,
+    }
+}
+
+pub fn sandbox_state_value() -> cri::PodSandboxStateValue {
+    cri::PodSandboxStateValue {
+        state: cri::PodSandboxState::SandboxNotready.into(),
+    }
+}
+
+pub fn sandbox_filter() -> cri::PodSandboxFilter {
+    cri::PodSandboxFilter {
+        id: "sb".into(),
+        state: Some(sandbox_state_value()),
+        label_selector: [("app".to_owned(), "web".to_owned())].into(),
+    }
+}
+
+pub fn sandbox() -> cri::PodSandbox {
+    cri::PodSandbox {
+        id: "sb".into(),
+        metadata: Some(sandbox_metadata()),
+        state: cri::PodSandboxState::SandboxNotready.into(),
+        created_at: 1_700_000_000_000_000_000,
+        labels: [("app".to_owned(), "web".to_owned())].into(),
+        annotations: [("a".to_owned(), "b".to_owned())].into(),
+        runtime_handler: "runhcs-wcow-process".into(),
     }
 }
