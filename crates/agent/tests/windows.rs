@@ -139,3 +139,115 @@ async fn a_named_pipe_round_trip_between_the_agent_and_a_ztunnel_client() {
     stop.send(true).unwrap();
     serving.await.unwrap();
 }
+
+#[path = "support/fake_cri.rs"]
+mod fake_cri;
+
+/// A server end of the named pipe, as tonic's server wants its connections.
+struct PipeConn(tokio::net::windows::named_pipe::NamedPipeServer);
+
+impl tonic::transport::server::Connected for PipeConn {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+impl tokio::io::AsyncRead for PipeConn {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for PipeConn {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+/// The CRI client over a named pipe (containerd's transport on Windows) against the fake
+/// runtime served on a pipe: the same lookup as on Linux, the transport Windows'.
+#[tokio::test]
+async fn the_cri_client_reads_sandboxes_over_a_named_pipe() {
+    use ambit_agent::windows::sandboxes::{CONTAINERD_PIPE, CriClient, SkipReason};
+    use fake_cri::{Answer, FakeRuntime, Sandbox, info_naming};
+    use tokio::net::windows::named_pipe::ServerOptions;
+
+    assert_eq!(CONTAINERD_PIPE, r"\\.\pipe\containerd-containerd");
+    let name = format!(r"\\.\pipe\ambit-cri-test-{}", std::process::id());
+    let first = ServerOptions::new()
+        .first_pipe_instance(true)
+        .create(&name)
+        .unwrap();
+    let incoming =
+        futures_util::stream::unfold((first, name.clone()), |(server, name)| async move {
+            let connected = server.connect().await.map(|()| PipeConn(server));
+            let next = ServerOptions::new().create(&name).unwrap();
+            Some((connected, (next, name)))
+        });
+    let runtime = FakeRuntime::new(vec![
+        Sandbox {
+            id: "a-1",
+            uid: Some("a"),
+            ready: true,
+            created_at: 1,
+            answer: info_naming(GUID),
+        },
+        Sandbox {
+            id: "b-1",
+            uid: Some("b"),
+            ready: true,
+            created_at: 1,
+            answer: Answer::Info(r#"{"runtimeSpec":{"windows":{}}}"#.into()),
+        },
+    ]);
+    let service = runtime.service();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+
+    let mut client = CriClient::connect(std::path::Path::new(&name), WAIT)
+        .await
+        .unwrap();
+    let lookup = client
+        .pod_namespaces(&["a".to_owned(), "b".to_owned()].into())
+        .await
+        .unwrap();
+    assert_eq!(lookup.found.len(), 1, "{lookup:?}");
+    assert_eq!(lookup.found["a"].namespace.to_string(), GUID);
+    assert!(
+        matches!(lookup.skipped.as_slice(), [s] if s.sandbox == "b-1" && matches!(s.reason, SkipReason::Info(_))),
+        "{lookup:?}"
+    );
+    drop(stop);
+    drop(client);
+    tokio::time::timeout(WAIT, serving)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
