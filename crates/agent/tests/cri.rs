@@ -1,6 +1,7 @@
 //! The CRI client (`ambit_agent::windows::sandboxes`) against a fake runtime speaking the real
 //! `runtime.v1.RuntimeService` gRPC on a Unix socket: which sandbox names a pod's HNS
-//! namespace, what is skipped and why, and the deadline on a runtime that stops answering.
+//! namespace, what is skipped and why, the deadline on a runtime that stops answering, and
+//! the capture of running pods (CRI, then HNS, then the policies) over fake HNS calls.
 //! The same client over a named pipe runs under Wine (`tests/windows.rs`).
 
 #![cfg(unix)]
@@ -14,7 +15,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ambit_agent::windows::cri::SandboxInfoError;
+use ambit_agent::windows::running::{NamespaceLookup, RunningError, capture_running};
 use ambit_agent::windows::sandboxes::{CriClient, CriError, SkipReason};
+use ambit_netns::guid::Guid;
+use ambit_netns::hns::HnsNamespace;
+use ambit_redirect::hns::{
+    EndpointError, EndpointOutcome, HnsEndpoints, PodError, WfpPolicyConfig,
+};
 use fake_cri::{Answer, FakeRuntime, Sandbox, info_naming};
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
@@ -185,4 +192,163 @@ async fn no_runtime_at_the_endpoint_is_an_error_naming_it() {
         .unwrap_err();
     assert!(matches!(err, CriError::Connect { .. }), "{err}");
     assert!(err.to_string().contains("absent.sock"), "{err}");
+}
+
+/// HNS as the fakes below know it: namespaces by GUID, endpoints with no policies yet.
+struct FakeHns {
+    namespaces: std::collections::HashMap<Guid, HnsNamespace>,
+    modified: std::sync::Mutex<Vec<Guid>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("HcnOpenNamespace: element not found")]
+struct NotFound;
+
+impl NamespaceLookup for FakeHns {
+    type Error = NotFound;
+    fn namespace(&self, guid: Guid) -> Result<HnsNamespace, NotFound> {
+        self.namespaces.get(&guid).cloned().ok_or(NotFound)
+    }
+}
+
+impl HnsEndpoints for FakeHns {
+    fn properties(&self, _: Guid) -> Result<String, EndpointError> {
+        Ok(r#"{"Policies":[]}"#.into())
+    }
+    fn modify(&self, endpoint: Guid, _: &str) -> Result<(), EndpointError> {
+        self.modified.lock().unwrap().push(endpoint);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn running_pods_are_captured_or_say_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cri.sock");
+    const G4: &str = "44444444-4444-4444-8444-444444444444";
+    const EP1: &str = "e1e1e1e1-0000-4000-8000-000000000001";
+    const EP2: &str = "e2e2e2e2-0000-4000-8000-000000000002";
+    let runtime = FakeRuntime::new(vec![
+        sandbox("a-1", "a", true, 1, info_naming(G1)),
+        // HNS does not know the namespace the runtime names.
+        sandbox("b-1", "b", true, 1, info_naming(G2)),
+        // A namespace without endpoints (nothing to put the policies on).
+        sandbox("c-1", "c", true, 1, info_naming(G3)),
+        // A namespace without a compartment yet: captured, ztunnel waits for it.
+        sandbox("f-1", "f", true, 1, info_naming(G4)),
+        sandbox("d-1", "d", true, 1, Answer::Info("{}".into())),
+    ]);
+    let _stop = serve(&runtime, &path);
+    let g = |s: &str| -> Guid { s.parse().unwrap() };
+    let hns = FakeHns {
+        namespaces: [
+            (
+                g(G1),
+                HnsNamespace {
+                    id: g(G1),
+                    compartment: Some(7),
+                    endpoints: vec![g(EP1), g(EP2)],
+                },
+            ),
+            (
+                g(G3),
+                HnsNamespace {
+                    id: g(G3),
+                    compartment: Some(8),
+                    endpoints: vec![],
+                },
+            ),
+            (
+                g(G4),
+                HnsNamespace {
+                    id: g(G4),
+                    compartment: None,
+                    endpoints: vec![g(EP1)],
+                },
+            ),
+        ]
+        .into(),
+        modified: Default::default(),
+    };
+    let mut client = CriClient::connect(&path, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let wanted: BTreeSet<String> = ["a", "b", "c", "d", "f", "z"].map(String::from).into();
+    let outcomes = capture_running(
+        &mut client,
+        &hns,
+        &hns,
+        &WfpPolicyConfig::default(),
+        &wanted,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        outcomes.keys().collect::<Vec<_>>(),
+        ["a", "b", "c", "d", "f", "z"]
+    );
+
+    let a = outcomes["a"].as_ref().unwrap();
+    assert_eq!(
+        (
+            a.sandbox.as_str(),
+            a.namespace.guid,
+            a.namespace.compartment
+        ),
+        ("a-1", g(G1), 7)
+    );
+    assert_eq!(
+        a.endpoints,
+        [
+            (g(EP1), EndpointOutcome::Added),
+            (g(EP2), EndpointOutcome::Added)
+        ]
+    );
+    let f = outcomes["f"].as_ref().unwrap();
+    assert_eq!(
+        f.namespace.compartment,
+        ambit_contract::windows::NO_COMPARTMENT
+    );
+
+    type Check = fn(&RunningError<NotFound>) -> bool;
+    let failures: [(&str, Check, &[&str]); 4] = [
+        (
+            "b",
+            |e| matches!(e, RunningError::Namespace { .. }),
+            &["pod b", G2, "b-1", "element not found"],
+        ),
+        (
+            "c",
+            |e| {
+                matches!(
+                    e,
+                    RunningError::Policies {
+                        source: PodError::NoEndpoints,
+                        ..
+                    }
+                )
+            },
+            &["pod c", G3, "no HNS endpoints"],
+        ),
+        (
+            "d",
+            |e| matches!(e, RunningError::NoSandbox { skipped, .. } if skipped.len() == 1),
+            &["pod d", "d-1", "no runtime spec"],
+        ),
+        (
+            "z",
+            |e| matches!(e, RunningError::NoSandbox { skipped, .. } if skipped.is_empty()),
+            &["pod z", "the runtime lists none"],
+        ),
+    ];
+    for (uid, check, words) in failures {
+        let err = outcomes[uid].as_ref().unwrap_err();
+        assert!(check(err), "{uid}: {err:?}");
+        let text = err.to_string();
+        for word in words {
+            assert!(text.contains(word), "{uid}: {text:?} lacks {word:?}");
+        }
+    }
+    // Policies went on a's two endpoints and f's one, nowhere else.
+    assert_eq!(*hns.modified.lock().unwrap(), [g(EP1), g(EP2), g(EP1)]);
 }

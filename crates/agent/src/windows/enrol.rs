@@ -44,19 +44,21 @@ pub fn capture(
     ns: &HnsNamespace,
     cfg: &WfpPolicyConfig,
 ) -> Result<(PodNamespace, Vec<(Guid, EndpointOutcome)>), WindowsEnrolError> {
-    let done = policy::apply_pod(&HcnEndpoints, &ns.endpoints, cfg).map_err(|source| {
-        WindowsEnrolError::Policies {
-            guid: ns.id,
-            source,
-        }
-    })?;
-    let pod = PodNamespace {
+    super::running::capture(&HcnEndpoints, ns, cfg).map_err(|source| WindowsEnrolError::Policies {
         guid: ns.id,
-        compartment: ns
-            .compartment
-            .unwrap_or(ambit_contract::windows::NO_COMPARTMENT),
-    };
-    Ok((pod, done))
+        source,
+    })
+}
+
+/// HNS's namespaces through the HCN calls, for [`super::running::capture_running`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HcnNamespaces;
+
+impl super::running::NamespaceLookup for HcnNamespaces {
+    type Error = HcnError;
+    fn namespace(&self, guid: Guid) -> Result<HnsNamespace, HcnError> {
+        hcn::namespace(guid)
+    }
 }
 
 /// Takes every `L4WFPPROXY` policy off the namespace's endpoints.

@@ -1,0 +1,158 @@
+//! Capturing the pods that already run on a Windows node (`spec/windows.md` §1.3 snapshot
+//! path, then §1.4 Add): the runtime names each wanted pod's sandbox and HNS namespace
+//! ([`super::sandboxes`]), HNS gives the namespace's compartment and endpoints, and both
+//! `L4WFPPROXY` policies go on every endpoint (`ambit_redirect::hns`, idempotent per
+//! endpoint). What comes out is, per pod, the [`PodNamespace`] ZDS names to ztunnel, or why the
+//! pod is not captured, so the caller can retry it or mark it as upstream does (a failed
+//! lookup or policy is a retryable error, §1.4).
+//!
+//! Platform-neutral: HNS is reached through [`NamespaceLookup`] and
+//! [`HnsEndpoints`], which the Windows build implements with the HCN calls
+//! (`super::enrol`) and the tests here with fakes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ambit_netns::guid::Guid;
+use ambit_netns::hns::HnsNamespace;
+use ambit_redirect::hns::{
+    self as policy, EndpointOutcome, HnsEndpoints, PodError, WfpPolicyConfig,
+};
+
+use super::HnsPodNamespace as PodNamespace;
+use super::sandboxes::{CriClient, CriError, Skipped};
+
+/// Reads an HNS namespace (`HcnOpenNamespace` + `HcnQueryNamespaceProperties` on Windows).
+pub trait NamespaceLookup {
+    /// Why a namespace could not be read.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// The namespace's compartment and endpoints.
+    fn namespace(&self, guid: Guid) -> Result<HnsNamespace, Self::Error>;
+}
+
+/// Why one running pod is not captured; names the pod and what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunningError<E: std::error::Error + 'static> {
+    /// No sandbox of the pod names an HNS namespace.
+    #[error("pod {uid}: no sandbox names an HNS namespace{}", skipped_text(.skipped))]
+    NoSandbox {
+        /// The pod UID.
+        uid: String,
+        /// The pod's sandboxes that were asked, with why each was skipped.
+        skipped: Vec<String>,
+    },
+    /// HNS could not read the namespace.
+    #[error("pod {uid}: HNS namespace {guid} of sandbox {sandbox}: {source}")]
+    Namespace {
+        /// The pod UID.
+        uid: String,
+        /// The sandbox that named the namespace.
+        sandbox: String,
+        /// The namespace.
+        guid: Guid,
+        /// HNS's answer.
+        source: E,
+    },
+    /// The policies are not on every endpoint.
+    #[error("pod {uid}: L4WFPPROXY policies of namespace {guid}: {source}")]
+    Policies {
+        /// The pod UID.
+        uid: String,
+        /// The namespace.
+        guid: Guid,
+        /// Per-endpoint failures.
+        source: PodError,
+    },
+}
+
+fn skipped_text(skipped: &[String]) -> String {
+    if skipped.is_empty() {
+        " (the runtime lists none)".to_owned()
+    } else {
+        format!(" ({})", skipped.join("; "))
+    }
+}
+
+/// A captured pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Captured {
+    /// The sandbox the namespace came from.
+    pub sandbox: String,
+    /// What ZDS names to ztunnel.
+    pub namespace: PodNamespace,
+    /// What happened on each endpoint.
+    pub endpoints: Vec<(Guid, EndpointOutcome)>,
+}
+
+/// Per pod UID of `wanted`: captured, or why not.
+pub type Outcomes<E> = BTreeMap<String, Result<Captured, RunningError<E>>>;
+
+/// Puts the policies on every endpoint of `ns` and returns what ZDS should name (the
+/// namespace's compartment, or none yet: ztunnel then waits for it).
+pub fn capture(
+    eps: &dyn HnsEndpoints,
+    ns: &HnsNamespace,
+    cfg: &WfpPolicyConfig,
+) -> Result<(PodNamespace, Vec<(Guid, EndpointOutcome)>), PodError> {
+    let done = policy::apply_pod(eps, &ns.endpoints, cfg)?;
+    let pod = PodNamespace {
+        guid: ns.id,
+        compartment: ns
+            .compartment
+            .unwrap_or(ambit_contract::windows::NO_COMPARTMENT),
+    };
+    Ok((pod, done))
+}
+
+/// Finds and captures every pod of `wanted` (pod UIDs) that runs. Fails only when the runtime
+/// cannot be asked at all; each pod's own failure is in its outcome.
+pub async fn capture_running<L: NamespaceLookup>(
+    cri: &mut CriClient,
+    hns: &L,
+    eps: &dyn HnsEndpoints,
+    cfg: &WfpPolicyConfig,
+    wanted: &BTreeSet<String>,
+) -> Result<Outcomes<L::Error>, CriError> {
+    let lookup = cri.pod_namespaces(wanted).await?;
+    let mut skipped: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for Skipped {
+        uid,
+        sandbox,
+        reason,
+    } in &lookup.skipped
+    {
+        skipped
+            .entry(uid.as_str())
+            .or_default()
+            .push(format!("{sandbox}: {reason}"));
+    }
+    let mut outcomes = Outcomes::new();
+    for uid in wanted {
+        let outcome = match lookup.found.get(uid) {
+            None => Err(RunningError::NoSandbox {
+                uid: uid.clone(),
+                skipped: skipped.remove(uid.as_str()).unwrap_or_default(),
+            }),
+            Some(found) => match hns.namespace(found.namespace) {
+                Err(source) => Err(RunningError::Namespace {
+                    uid: uid.clone(),
+                    sandbox: found.sandbox.clone(),
+                    guid: found.namespace,
+                    source,
+                }),
+                Ok(ns) => capture(eps, &ns, cfg)
+                    .map(|(namespace, endpoints)| Captured {
+                        sandbox: found.sandbox.clone(),
+                        namespace,
+                        endpoints,
+                    })
+                    .map_err(|source| RunningError::Policies {
+                        uid: uid.clone(),
+                        guid: found.namespace,
+                        source,
+                    }),
+            },
+        };
+        outcomes.insert(uid.clone(), outcome);
+    }
+    Ok(outcomes)
+}
