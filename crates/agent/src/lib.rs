@@ -16,7 +16,7 @@
 //! | [`shutdown`] | upgrade vs uninstall (§1.10): [`shutdown::UninstallCheck`] and the full cleanup |
 //! | [`plugin`] | [`plugin_main`] (§5.1–§5.3) and its side of the plugin log socket (§5.6) |
 //! | [`installer`] | the installer (§1.3 step 9, §5.5): plugin binary copy, plugin kubeconfig, CNI config (conflist editing as file operations in [`installer::conflist`]), re-checked every second; readiness |
-//! | [`testing`] | `FakeZtunnel`, a real ZDS peer for tests of this and other crates |
+//! | `testing` | `FakeZtunnel`, a real ZDS peer for tests of this and other crates (feature `testing`, dev-dependencies only) |
 //! | [`platform`] | the platform switch: what a pod's namespace is and how ZDS carries it |
 //! | [`hold`] | the init container that holds a new Windows pod until it is captured |
 //! | `windows` | Windows nodes: the CRI client and its sandbox info, HNS namespaces, `L4WFPPROXY` policies |
@@ -82,7 +82,7 @@ pub mod installer;
 pub mod plugin;
 #[cfg(unix)]
 pub mod shutdown;
-#[cfg(unix)]
+#[cfg(all(unix, any(test, feature = "testing")))]
 pub mod testing;
 pub mod windows;
 

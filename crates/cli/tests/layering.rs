@@ -212,6 +212,64 @@ impl Workspace {
     }
 }
 
+/// Test support (`ambit_netns::testing`, `ambit_kubeapi::testing`, `ambit_agent::testing`) is
+/// behind each crate's `testing` feature; no crate the shipped binary is built from may turn
+/// it on through a normal or build dependency (dev-dependencies and the benchmark harness,
+/// which is not shipped, may).
+#[test]
+fn the_shipped_binary_turns_on_no_test_support() {
+    let m = metadata();
+    let ws = workspace();
+    let shipped: BTreeSet<String> = ws
+        .reach(ws.package("cli"))
+        .into_keys()
+        .chain([ws.package("cli").to_owned()])
+        .filter(|n| ws.names.values().any(|w| w == n))
+        .collect();
+    let mut errors = Vec::new();
+    for p in m["packages"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        if !shipped.contains(name) {
+            continue;
+        }
+        for d in p["dependencies"].as_array().unwrap() {
+            let dev = d["kind"].as_str() == Some("dev");
+            let testing = d["features"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f.as_str() == Some("testing"));
+            if testing && !dev {
+                errors.push(format!(
+                    "{name} turns on {}'s test support (feature `testing`) for the shipped binary",
+                    d["name"].as_str().unwrap()
+                ));
+            }
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+    // The check sees the features: the harness does turn it on.
+    let bench = m["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "ambit-bench")
+        .expect("the benchmark harness");
+    assert!(
+        bench["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["kind"].is_null()
+                && d["features"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f == "testing")),
+        "the harness's own use of the test support is not where this test looks"
+    );
+}
+
 #[test]
 fn no_crate_reaches_a_forbidden_crate() {
     let ws = workspace();

@@ -21,7 +21,7 @@
 //! | [`client`] | [`Client`]: `list` (paged), `watch`, `get`, `merge_patch`, `create` over a [`kube::Client`]; typed [`Error`]s; size and time [`Limits`] |
 //! | [`watch`] | [`WatchStream`] of [`WatchEvent`]s: newline-delimited JSON with a bounded line size |
 //! | [`reflector`] | [`Reflector`]: list + watch with a map by (namespace, name), relist on 410 |
-//! | [`testing`] | [`testing::FakeApiServer`]: a real HTTP server with the API server's JSON shapes, for tests |
+//! | `testing` | `testing::FakeApiServer`: a real HTTP server with the API server's JSON shapes, for tests (feature `testing`, dev-dependencies only) |
 //!
 //! Nothing here panics on what the server sends: malformed JSON, wrong shapes, oversized
 //! bodies or lines and error statuses all come back as [`Error`] values.
@@ -36,6 +36,7 @@ pub mod client;
 pub mod config;
 pub mod exec;
 pub mod reflector;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod watch;
 

@@ -66,6 +66,7 @@ mod id;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 mod socket;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod zds;
 
