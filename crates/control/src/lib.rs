@@ -8,6 +8,7 @@ pub mod ca;
 pub mod grpc;
 pub mod kube_auth;
 pub mod kube_source;
+pub mod mesh_config;
 pub mod monitoring;
 pub mod objects;
 pub mod server;
