@@ -270,6 +270,138 @@ fn the_shipped_binary_turns_on_no_test_support() {
     );
 }
 
+/// Every `.rs` file under `dir`, `target/` aside.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() && e.file_name() != "target" {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Whether `text` names `krate`'s test support: `krate::testing` or `testing` inside a
+/// `use krate::{…}` group, comments aside.
+fn names_test_support(text: &str, krate: &str) -> bool {
+    let code: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let text = code.as_str();
+    if text.contains(&format!("{krate}::testing")) {
+        return true;
+    }
+    let group = format!("{krate}::{{");
+    text.match_indices(&group).any(|(at, _)| {
+        let rest = &text[at + group.len()..];
+        let mut depth = 1usize;
+        let end = rest
+            .char_indices()
+            .find_map(|(i, c)| {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                (depth == 0).then_some(i)
+            })
+            .unwrap_or(rest.len());
+        rest[..end]
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|w| w == "testing")
+    })
+}
+
+/// A package whose sources name another crate's (or its own) test support turns that
+/// crate's `testing` feature on itself: in a whole-workspace build feature unification
+/// hides a missing one, and `cargo test -p <crate>` alone then fails to compile.
+#[test]
+fn every_user_of_test_support_turns_the_feature_on() {
+    let m = metadata();
+    let packages = m["packages"].as_array().unwrap();
+    let members: BTreeSet<&str> = m["workspace_members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let ws: Vec<&Value> = packages
+        .iter()
+        .filter(|p| members.contains(p["id"].as_str().unwrap()))
+        .collect();
+    let providers: Vec<&str> = ws
+        .iter()
+        .filter(|p| p["features"].get("testing").is_some())
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        providers.contains(&"ambit-netns"),
+        "no crate has a `testing` feature: this test looks in the wrong place"
+    );
+    let mut errors = Vec::new();
+    let mut uses = 0;
+    for p in &ws {
+        let name = p["name"].as_str().unwrap();
+        let dir = Path::new(p["manifest_path"].as_str().unwrap())
+            .parent()
+            .unwrap();
+        let mut files = Vec::new();
+        rust_files(dir, &mut files);
+        for provider in &providers {
+            let krate = provider.replace('-', "_");
+            let Some(file) = files.iter().find(|f| {
+                names_test_support(&std::fs::read_to_string(f).unwrap_or_default(), &krate)
+            }) else {
+                continue;
+            };
+            uses += 1;
+            let on = p["dependencies"].as_array().unwrap().iter().any(|d| {
+                d["name"] == *provider
+                    && d["features"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|f| f == "testing")
+            });
+            if !on {
+                errors.push(format!(
+                    "{name} uses {provider}'s test support ({}) but no dependency of it turns on \
+                     {provider}/testing",
+                    file.strip_prefix(dir).unwrap_or(file).display()
+                ));
+            }
+        }
+    }
+    assert!(uses > 3, "found only {uses} users of test support");
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+#[test]
+fn test_support_is_found_in_paths_and_use_groups() {
+    let cases: &[(&str, bool)] = &[
+        ("ambit_netns::testing::netns_capable_or_skip()", true),
+        (
+            "use ambit_netns::{\n    NetnsFd,\n    testing::netns_capable_or_skip,\n};",
+            true,
+        ),
+        ("use ambit_netns::{NetnsFd, SocketFactory};", false),
+        ("use ambit_netns::{a::{b, c}, d};\nfn testing() {}", false),
+        ("use ambit_netns::{a::{b, c}, testing};", true),
+        ("use ambit_kubeapi::testing::FakeApiServer;", false),
+        ("// ambit_netns_testing", false),
+        ("/// Test support (`ambit_netns::testing`) is", false),
+    ];
+    for (text, want) in cases {
+        assert_eq!(names_test_support(text, "ambit_netns"), *want, "{text}");
+    }
+}
+
 #[test]
 fn no_crate_reaches_a_forbidden_crate() {
     let ws = workspace();
