@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use ambit_netns::{NetnsFd, NetnsId, SeqPacket, SeqPacketError, in_netns};
+use ambit_netns::{NetnsFd, NetnsId, SeqPacket, in_netns, zds::TransportError};
 use ambit_proto::zds::{
     Ack, WorkloadInfo, WorkloadRequest, WorkloadResponse, workload_request::Payload as Req,
     workload_response::Payload as Resp,
@@ -190,7 +190,7 @@ fn run(
     st.listeners.clear();
 }
 
-async fn hello(path: &Path) -> Result<SeqPacket, SeqPacketError> {
+async fn hello(path: &Path) -> Result<SeqPacket, TransportError> {
     let sock = SeqPacket::connect(path).await?;
     sock.send(&[0x08, 0x01]).await?;
     Ok(sock)
@@ -208,11 +208,7 @@ async fn serve(sock: &SeqPacket, shared: &Mutex<Shared>) {
             Ok(got) => got,
             // A datagram that broke the transport rules (oversized, several fds): record
             // it and NACK, as ztunnel does.
-            Err(
-                SeqPacketError::Truncated(_)
-                | SeqPacketError::ControlTruncated
-                | SeqPacketError::TooManyFds(_),
-            ) => {
+            Err(e) if e.is_bad_message() => {
                 lock().seen.push(Seen::Garbage(Vec::new()));
                 if sock.send(&nack("failure to read message")).await.is_err() {
                     break;

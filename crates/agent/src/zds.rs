@@ -31,7 +31,7 @@ use std::time::Duration;
 use ambit_contract::zds::{
     self as wire, Answer, AnswerError, EmptyUid, MAX_MESSAGE, PodUid, TooLarge, WorkloadInfo,
 };
-use ambit_netns::zds::{Attach, Conn, Error as TransportError, Listener};
+use ambit_netns::zds::{Attach, Conn, Listener, TransportError};
 use ambit_proto::zds::Version;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, oneshot, watch};

@@ -55,7 +55,7 @@ mod platform;
 mod platform {
     pub use crate::imp::{
         CompartmentSocketFactory, SystemCompartments, hcn,
-        pipe::{PipeConn, PipeError, PipeListener},
+        pipe::{PipeConn, PipeListener},
     };
 }
 

@@ -10,83 +10,15 @@
 use std::{
     io,
     os::fd::{AsFd, BorrowedFd, OwnedFd},
-    path::{Path, PathBuf},
+    path::Path,
 };
 
 use tokio::io::{Interest, unix::AsyncFd};
 
-use crate::imp;
+use crate::{imp, zds::TransportError};
 
-/// Errors of SEQPACKET sockets; each says which step failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SeqPacketError {
-    /// Creating the socket or registering it with the runtime failed.
-    #[error("creating a SEQPACKET socket: {0}")]
-    Create(io::Error),
-    /// Connecting to the listener failed.
-    #[error("connecting to {path}: {source}")]
-    Connect {
-        /// The socket path.
-        path: PathBuf,
-        /// The underlying error.
-        source: io::Error,
-    },
-    /// Binding or listening failed.
-    #[error("listening on {path}: {source}")]
-    Listen {
-        /// The socket path.
-        path: PathBuf,
-        /// The underlying error.
-        source: io::Error,
-    },
-    /// Accepting a connection failed.
-    #[error("accepting a connection: {0}")]
-    Accept(io::Error),
-    /// `sendmsg` failed.
-    #[error("sending: {0}")]
-    Send(io::Error),
-    /// The kernel took only part of the datagram.
-    #[error("short send: {sent} of {len} bytes")]
-    ShortSend {
-        /// Bytes sent.
-        sent: usize,
-        /// Bytes requested.
-        len: usize,
-    },
-    /// `recvmsg` failed.
-    #[error("receiving: {0}")]
-    Recv(io::Error),
-    /// The datagram did not fit the receive buffer (`MSG_TRUNC`).
-    #[error("message truncated: larger than {0} bytes")]
-    Truncated(usize),
-    /// The ancillary data did not fit (`MSG_CTRUNC`); received descriptors were closed.
-    #[error("control message truncated")]
-    ControlTruncated,
-    /// More than one descriptor came with a datagram; all of them were closed.
-    #[error("{0} file descriptors in one message, at most one is allowed")]
-    TooManyFds(usize),
-}
-
-impl SeqPacketError {
-    /// Whether the error means the peer is gone (the connection is over, not broken by
-    /// what was said on it).
-    pub fn is_disconnect(&self) -> bool {
-        let io = match self {
-            Self::Send(e) | Self::Recv(e) => e,
-            _ => return false,
-        };
-        matches!(
-            io.kind(),
-            io::ErrorKind::BrokenPipe
-                | io::ErrorKind::ConnectionReset
-                | io::ErrorKind::NotConnected
-                | io::ErrorKind::UnexpectedEof
-        )
-    }
-}
-
-fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, SeqPacketError> {
-    register_async(fd).map_err(SeqPacketError::Create)
+fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, TransportError> {
+    register_async(fd).map_err(TransportError::Create)
 }
 
 /// Registers a descriptor with tokio's reactor, for readiness (the caller reads and writes
@@ -112,9 +44,9 @@ impl SeqPacket {
     /// SEQPACKET socket polls as hung up, and tokio keeps "closed" readiness sticky, so
     /// registering first could leave the connection looking closed forever (a busy loop of
     /// `EAGAIN` reads).
-    pub async fn connect(path: &Path) -> Result<Self, SeqPacketError> {
-        let fd = imp::seqpacket_socket().map_err(SeqPacketError::Create)?;
-        imp::seqpacket_connect(fd.as_fd(), path).map_err(|source| SeqPacketError::Connect {
+    pub async fn connect(path: &Path) -> Result<Self, TransportError> {
+        let fd = imp::seqpacket_socket().map_err(TransportError::Create)?;
+        imp::seqpacket_connect(fd.as_fd(), path).map_err(|source| TransportError::Connect {
             path: path.to_owned(),
             source,
         })?;
@@ -122,7 +54,7 @@ impl SeqPacket {
     }
 
     /// Sends one datagram without descriptors.
-    pub async fn send(&self, data: &[u8]) -> Result<(), SeqPacketError> {
+    pub async fn send(&self, data: &[u8]) -> Result<(), TransportError> {
         self.send_with_fds(data, &[]).await
     }
 
@@ -131,16 +63,16 @@ impl SeqPacket {
         &self,
         data: &[u8],
         fds: &[BorrowedFd<'_>],
-    ) -> Result<(), SeqPacketError> {
+    ) -> Result<(), TransportError> {
         let sent = self
             .fd
             .async_io(Interest::WRITABLE, |sock| {
                 imp::seqpacket_send(sock.as_fd(), data, fds)
             })
             .await
-            .map_err(SeqPacketError::Send)?;
+            .map_err(TransportError::Send)?;
         if sent != data.len() {
-            return Err(SeqPacketError::ShortSend {
+            return Err(TransportError::ShortSend {
                 sent,
                 len: data.len(),
             });
@@ -155,7 +87,7 @@ impl SeqPacket {
     pub async fn recv_with_fd(
         &self,
         buf: &mut [u8],
-    ) -> Result<(usize, Option<OwnedFd>), SeqPacketError> {
+    ) -> Result<(usize, Option<OwnedFd>), TransportError> {
         let size = buf.len();
         let got = self
             .fd
@@ -163,16 +95,16 @@ impl SeqPacket {
                 imp::seqpacket_recv(sock.as_fd(), buf)
             })
             .await
-            .map_err(SeqPacketError::Recv)?;
+            .map_err(TransportError::Recv)?;
         if got.truncated {
-            return Err(SeqPacketError::Truncated(size));
+            return Err(TransportError::Truncated(size));
         }
         if got.control_truncated {
-            return Err(SeqPacketError::ControlTruncated);
+            return Err(TransportError::ControlTruncated);
         }
         let mut fds = got.fds;
         if fds.len() > 1 {
-            return Err(SeqPacketError::TooManyFds(fds.len()));
+            return Err(TransportError::TooManyFds(fds.len()));
         }
         Ok((got.len, fds.pop()))
     }
@@ -187,8 +119,8 @@ pub struct SeqPacketListener {
 impl SeqPacketListener {
     /// Binds `path` and listens. A stale socket file at `path` is removed first. Must be
     /// called inside a tokio runtime.
-    pub fn bind(path: &Path) -> Result<Self, SeqPacketError> {
-        let listen_err = |source| SeqPacketError::Listen {
+    pub fn bind(path: &Path) -> Result<Self, TransportError> {
+        let listen_err = |source| TransportError::Listen {
             path: path.to_owned(),
             source,
         };
@@ -197,20 +129,20 @@ impl SeqPacketListener {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(listen_err(e)),
         }
-        let fd = imp::seqpacket_socket().map_err(SeqPacketError::Create)?;
+        let fd = imp::seqpacket_socket().map_err(TransportError::Create)?;
         imp::seqpacket_listen(fd.as_fd(), path).map_err(listen_err)?;
         Ok(Self { fd: register(fd)? })
     }
 
     /// Waits for the next connection.
-    pub async fn accept(&self) -> Result<SeqPacket, SeqPacketError> {
+    pub async fn accept(&self) -> Result<SeqPacket, TransportError> {
         let fd = self
             .fd
             .async_io(Interest::READABLE, |sock| {
                 imp::seqpacket_accept(sock.as_fd())
             })
             .await
-            .map_err(SeqPacketError::Accept)?;
+            .map_err(TransportError::Accept)?;
         Ok(SeqPacket { fd: register(fd)? })
     }
 }
@@ -260,13 +192,13 @@ mod tests {
             .await
             .unwrap();
         let err = client.recv_with_fd(&mut buf).await.unwrap_err();
-        assert!(matches!(err, SeqPacketError::TooManyFds(2)), "{err}");
+        assert!(matches!(err, TransportError::TooManyFds(2)), "{err}");
 
         // Oversized datagram: rejected, and the next one still reads fine.
         server.send(&[0u8; SIZE + 1]).await.unwrap();
         server.send(&[7]).await.unwrap();
         let err = client.recv_with_fd(&mut buf).await.unwrap_err();
-        assert!(matches!(err, SeqPacketError::Truncated(SIZE)), "{err}");
+        assert!(matches!(err, TransportError::Truncated(SIZE)), "{err}");
         let (n, _) = client.recv_with_fd(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], &[7]);
 
@@ -282,6 +214,6 @@ mod tests {
         let err = SeqPacket::connect(&dir.path().join("absent.sock"))
             .await
             .unwrap_err();
-        assert!(matches!(err, SeqPacketError::Connect { .. }), "{err}");
+        assert!(matches!(err, TransportError::Connect { .. }), "{err}");
     }
 }

@@ -17,4 +17,4 @@ pub use command::{kill_with_parent, set_command_netns};
 pub use enter::{in_netns, run_in_netns_thread, spawn_in_netns_thread};
 pub use fd::NetnsFd;
 pub use netns_socket::NetnsSocketFactory;
-pub use seqpacket::{SeqPacket, SeqPacketError, SeqPacketListener, register_async};
+pub use seqpacket::{SeqPacket, SeqPacketListener, register_async};

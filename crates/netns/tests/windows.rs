@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ambit_netns::compartment::{CompartmentError, CompartmentOps, CompartmentThread};
-use ambit_netns::zds::{Conn, Error, Listener};
+use ambit_netns::zds::{Conn, Listener, TransportError};
 use ambit_netns::{CompartmentSocketFactory, SocketError, SocketFactory, SystemCompartments};
 
 fn pipe_name(test: &str) -> PathBuf {
@@ -55,10 +55,10 @@ async fn an_oversized_message_is_an_error_and_ends_the_connection() {
     client.send(&[1]).await.unwrap();
     let mut buf = [0u8; 1024];
     let err = server.recv_with_fd(&mut buf).await.unwrap_err();
-    assert!(matches!(err, Error::Truncated(1024)), "{err}");
+    assert!(matches!(err, TransportError::Truncated(1024)), "{err}");
     let err = server.recv_with_fd(&mut buf).await.unwrap_err();
     assert!(
-        matches!(err, Error::Desynchronised),
+        matches!(err, TransportError::Desynchronised),
         "never read as the next message: {err}"
     );
 }
@@ -93,10 +93,10 @@ async fn the_name_cannot_be_taken_twice_and_nothing_connects_to_nothing() {
         eprintln!("under Wine: the first-instance rule is not enforced, not asserted");
     } else {
         let err = second.unwrap_err();
-        assert!(matches!(err, Error::Listen { .. }), "{err}");
+        assert!(matches!(err, TransportError::Listen { .. }), "{err}");
     }
     let err = Conn::connect(&pipe_name("absent")).await.unwrap_err();
-    assert!(matches!(err, Error::Connect { .. }), "{err}");
+    assert!(matches!(err, TransportError::Connect { .. }), "{err}");
 }
 
 #[test]

@@ -51,7 +51,7 @@ mod workloads;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ambit_netns::{NetnsId, SocketFactory, zds::Error as TransportError};
+use ambit_netns::{NetnsId, SocketFactory, zds::TransportError};
 use tokio::task::JoinSet;
 
 use crate::config::Config;

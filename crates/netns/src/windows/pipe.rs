@@ -8,7 +8,7 @@
 //! that got the name first makes `bind` fail instead of receiving ztunnel. Buffers are
 //! [`ZDS_PIPE_BUFFER`] both ways, and both ends read into that much: a valid message (under
 //! 1 KiB) is always read whole. A message longer than the caller's buffer is
-//! [`PipeError::Truncated`] and the connection is unusable afterwards (its remainder would
+//! [`TransportError::Truncated`] and the connection is unusable afterwards (its remainder would
 //! read as another message), so both ends drop it, as they do on Linux.
 
 use std::ffi::c_void;
@@ -26,83 +26,13 @@ use windows_sys::Win32::Security::Authorization::{
 };
 use windows_sys::Win32::Security::{PSECURITY_DESCRIPTOR, SECURITY_ATTRIBUTES};
 
-use crate::zds::NoAttachment;
+use crate::zds::{NoAttachment, TransportError};
 
 /// Pipe buffer and read size (`ambit_contract::windows::ZDS_PIPE_BUFFER`).
 pub const ZDS_PIPE_BUFFER: usize = 64 * 1024;
 
 /// Protected DACL: GENERIC_ALL for LocalSystem and the built-in Administrators, nobody else.
 pub const ZDS_PIPE_SDDL: &str = "D:P(A;;GA;;;SY)(A;;GA;;;BA)";
-
-/// Errors of the ZDS pipe; each says which step failed (the Windows twin of
-/// `SeqPacketError`).
-#[derive(Debug, thiserror::Error)]
-pub enum PipeError {
-    /// Building the pipe's security descriptor failed.
-    #[error("building the pipe security descriptor {sddl}: {source}")]
-    Security {
-        /// The SDDL.
-        sddl: &'static str,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// Opening the pipe failed (no server, all instances busy, access denied).
-    #[error("connecting to {path}: {source}")]
-    Connect {
-        /// The pipe name.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// Creating a pipe instance failed (for the first one: the name is taken).
-    #[error("listening on {path}: {source}")]
-    Listen {
-        /// The pipe name.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// Waiting for a client failed.
-    #[error("accepting a connection: {0}")]
-    Accept(io::Error),
-    /// Writing failed.
-    #[error("sending: {0}")]
-    Send(io::Error),
-    /// Only part of the message was written.
-    #[error("short send: {sent} of {len} bytes")]
-    ShortSend {
-        /// Bytes written.
-        sent: usize,
-        /// Bytes requested.
-        len: usize,
-    },
-    /// Reading failed.
-    #[error("receiving: {0}")]
-    Recv(io::Error),
-    /// The message did not fit the receive buffer; the connection is unusable now.
-    #[error("message truncated: larger than {0} bytes")]
-    Truncated(usize),
-    /// A message was truncated earlier on this connection.
-    #[error("connection unusable after a truncated message")]
-    Desynchronised,
-}
-
-impl PipeError {
-    /// Whether the error means the peer is gone.
-    pub fn is_disconnect(&self) -> bool {
-        let io = match self {
-            Self::Send(e) | Self::Recv(e) => e,
-            _ => return false,
-        };
-        matches!(
-            io.kind(),
-            io::ErrorKind::BrokenPipe
-                | io::ErrorKind::ConnectionReset
-                | io::ErrorKind::NotConnected
-                | io::ErrorKind::UnexpectedEof
-        )
-    }
-}
 
 #[derive(Debug)]
 enum End {
@@ -138,11 +68,11 @@ impl PipeConn {
 
     /// Opens the pipe named `path` (e.g. `\\.\pipe\istio-zds`) in message read mode. Fails
     /// at once when there is no server or every instance is busy; retry later.
-    pub async fn connect(path: &Path) -> Result<Self, PipeError> {
+    pub async fn connect(path: &Path) -> Result<Self, TransportError> {
         let client = ClientOptions::new()
             .pipe_mode(PipeMode::Message)
             .open(path.as_os_str())
-            .map_err(|source| PipeError::Connect {
+            .map_err(|source| TransportError::Connect {
                 path: path.to_owned(),
                 source,
             })?;
@@ -150,25 +80,29 @@ impl PipeConn {
     }
 
     /// Sends one message.
-    pub async fn send(&self, data: &[u8]) -> Result<(), PipeError> {
+    pub async fn send(&self, data: &[u8]) -> Result<(), TransportError> {
         loop {
-            on_end!(self, p => p.writable().await).map_err(PipeError::Send)?;
+            on_end!(self, p => p.writable().await).map_err(TransportError::Send)?;
             match on_end!(self, p => p.try_write(data)) {
                 Ok(n) if n == data.len() => return Ok(()),
                 Ok(sent) => {
-                    return Err(PipeError::ShortSend {
+                    return Err(TransportError::ShortSend {
                         sent,
                         len: data.len(),
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(PipeError::Send(e)),
+                Err(e) => return Err(TransportError::Send(e)),
             }
         }
     }
 
     /// Sends one message; nothing can ride along on a pipe.
-    pub async fn send_with_fds(&self, data: &[u8], fds: &[NoAttachment]) -> Result<(), PipeError> {
+    pub async fn send_with_fds(
+        &self,
+        data: &[u8],
+        fds: &[NoAttachment],
+    ) -> Result<(), TransportError> {
         match fds.first() {
             Some(never) => match *never {},
             None => self.send(data).await,
@@ -182,12 +116,12 @@ impl PipeConn {
     pub async fn recv_with_fd(
         &self,
         buf: &mut [u8],
-    ) -> Result<(usize, Option<NoAttachment>), PipeError> {
+    ) -> Result<(usize, Option<NoAttachment>), TransportError> {
         if self.broken.load(Ordering::SeqCst) {
-            return Err(PipeError::Desynchronised);
+            return Err(TransportError::Desynchronised);
         }
         loop {
-            on_end!(self, p => p.readable().await).map_err(PipeError::Recv)?;
+            on_end!(self, p => p.readable().await).map_err(TransportError::Recv)?;
             let mut inner = self
                 .buf
                 .lock()
@@ -195,7 +129,7 @@ impl PipeConn {
             match on_end!(self, p => p.try_read(&mut inner)) {
                 Ok(n) if n > buf.len() => {
                     self.broken.store(true, Ordering::SeqCst);
-                    return Err(PipeError::Truncated(buf.len()));
+                    return Err(TransportError::Truncated(buf.len()));
                 }
                 Ok(n) => {
                     buf[..n].copy_from_slice(&inner[..n]);
@@ -203,7 +137,7 @@ impl PipeConn {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok((0, None)),
-                Err(e) => return Err(PipeError::Recv(e)),
+                Err(e) => return Err(TransportError::Recv(e)),
             }
         }
     }
@@ -216,7 +150,7 @@ struct Security {
 }
 
 impl Security {
-    fn new() -> Result<Self, PipeError> {
+    fn new() -> Result<Self, TransportError> {
         let sddl: Vec<u16> = ZDS_PIPE_SDDL.encode_utf16().chain(Some(0)).collect();
         let mut descriptor: PSECURITY_DESCRIPTOR = std::ptr::null_mut();
         // SAFETY: a NUL-terminated SDDL string and an out pointer; on success the system
@@ -230,7 +164,7 @@ impl Security {
             )
         };
         if ok == 0 || descriptor.is_null() {
-            return Err(PipeError::Security {
+            return Err(TransportError::Security {
                 sddl: ZDS_PIPE_SDDL,
                 source: io::Error::last_os_error(),
             });
@@ -262,7 +196,7 @@ pub struct PipeListener {
     next: tokio::sync::Mutex<NamedPipeServer>,
 }
 
-fn create_instance(path: &Path, first: bool) -> Result<NamedPipeServer, PipeError> {
+fn create_instance(path: &Path, first: bool) -> Result<NamedPipeServer, TransportError> {
     let security = Security::new()?;
     let mut attrs = security.attrs;
     let buffer = ZDS_PIPE_BUFFER as u32;
@@ -283,7 +217,7 @@ fn create_instance(path: &Path, first: bool) -> Result<NamedPipeServer, PipeErro
         )
     };
     drop(security);
-    server.map_err(|source| PipeError::Listen {
+    server.map_err(|source| TransportError::Listen {
         path: path.to_owned(),
         source,
     })
@@ -292,7 +226,7 @@ fn create_instance(path: &Path, first: bool) -> Result<NamedPipeServer, PipeErro
 impl PipeListener {
     /// Creates the first instance of the pipe `path`; fails if the name is already served.
     /// Must be called inside a tokio runtime.
-    pub fn bind(path: &Path) -> Result<Self, PipeError> {
+    pub fn bind(path: &Path) -> Result<Self, TransportError> {
         Ok(Self {
             path: path.to_owned(),
             next: tokio::sync::Mutex::new(create_instance(path, true)?),
@@ -300,9 +234,9 @@ impl PipeListener {
     }
 
     /// Waits for the next client.
-    pub async fn accept(&self) -> Result<PipeConn, PipeError> {
+    pub async fn accept(&self) -> Result<PipeConn, TransportError> {
         let mut next = self.next.lock().await;
-        next.connect().await.map_err(PipeError::Accept)?;
+        next.connect().await.map_err(TransportError::Accept)?;
         let fresh = create_instance(&self.path, false)?;
         let connected = std::mem::replace(&mut *next, fresh);
         Ok(PipeConn::new(End::Server(connected)))

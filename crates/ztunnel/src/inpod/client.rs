@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ambit_contract::zds::{MAX_MESSAGE, PodUid};
-use ambit_netns::zds::{Conn, Error as TransportError};
+use ambit_netns::zds::{Conn, TransportError};
 
 use super::{
     BACKOFF_INITIAL, BACKOFF_MAX, InpodManager, RETRY_INTERVAL, ZdsError, decode_request,
