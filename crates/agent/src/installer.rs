@@ -150,17 +150,47 @@ pub enum InstallerError {
         source: io::Error,
     },
     /// Building or writing the kubeconfig failed (`CREATE_KUBECONFIG_FAILURE`).
-    #[error("writing plugin kubeconfig {path}: {reason}")]
+    #[error("writing plugin kubeconfig {path}: {source}")]
     Kubeconfig {
         /// The kubeconfig file.
         path: PathBuf,
         /// What went wrong.
-        reason: String,
+        source: KubeconfigError,
     },
     /// Writing the CNI config failed (`CREATE_CNI_CONFIG_FAILURE`);
     /// [`InstallError::NoPrimary`] means waiting for the primary CNI.
     #[error("CNI config: {0}")]
     CniConfig(#[from] InstallError),
+}
+
+/// Why the plugin kubeconfig could not be built, written or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeconfigError {
+    /// The service account token is unreadable.
+    #[error("reading service account token {path}: {source} (is the agent running in a pod?)")]
+    Token {
+        /// The token file.
+        path: PathBuf,
+        /// OS error.
+        source: io::Error,
+    },
+    /// The API server's CA is unreadable.
+    #[error("reading CA {path}: {source}")]
+    Ca {
+        /// The CA file.
+        path: PathBuf,
+        /// OS error.
+        source: io::Error,
+    },
+    /// Serialising the document failed.
+    #[error("rendering: {0}")]
+    Render(#[from] serde_norway::Error),
+    /// Writing the file failed.
+    #[error("{0}")]
+    Write(InstallError),
+    /// Removing the file failed (uninstall).
+    #[error("removing: {0}")]
+    Remove(io::Error),
 }
 
 impl InstallerError {
@@ -249,9 +279,9 @@ impl Installer {
         }
         if let Some(api) = &self.cfg.kube_api {
             let path = self.cfg.kubeconfig_path();
-            let err = |reason: String| InstallerError::Kubeconfig {
+            let err = |source: KubeconfigError| InstallerError::Kubeconfig {
                 path: path.clone(),
-                reason,
+                source,
             };
             let want = render_kubeconfig(api).map_err(err)?;
             let current_mode = fs::metadata(&path).map(|m| m.permissions().mode() & 0o7777);
@@ -260,7 +290,7 @@ impl Installer {
             {
                 drifted(&mut pass, "kubeconfig");
                 write_bytes_atomic(&path, want.as_bytes(), self.cfg.kubeconfig_mode)
-                    .map_err(|e| err(e.to_string()))?;
+                    .map_err(|e| err(KubeconfigError::Write(e)))?;
             }
         }
         if let Some(dir) = &self.cfg.conf_dir {
@@ -348,7 +378,7 @@ pub fn uninstall(cfg: &InstallConfig) -> (Vec<PathBuf>, Vec<InstallerError>) {
         Ok(p) => removed.extend(p),
         Err((path, e)) => errors.push(InstallerError::Kubeconfig {
             path,
-            reason: format!("removing: {e}"),
+            source: KubeconfigError::Remove(e),
         }),
     }
     if let Some(bin) = cfg.binary_path() {
@@ -434,13 +464,11 @@ fn label_selector_json(s: &LabelSelector) -> Value {
 }
 
 /// The plugin kubeconfig (client-go v1 `Config` shape, as upstream writes it).
-pub fn render_kubeconfig(api: &KubeApi) -> Result<String, String> {
+pub fn render_kubeconfig(api: &KubeApi) -> Result<String, KubeconfigError> {
     let token_path = api.service_account_dir.join("token");
-    let token = fs::read_to_string(&token_path).map_err(|e| {
-        format!(
-            "reading service account token {}: {e} (is the agent running in a pod?)",
-            token_path.display()
-        )
+    let token = fs::read_to_string(&token_path).map_err(|source| KubeconfigError::Token {
+        path: token_path.clone(),
+        source,
     })?;
     let host = if api.host.contains(':') && !api.host.starts_with('[') {
         format!("[{}]", api.host)
@@ -459,7 +487,10 @@ pub fn render_kubeconfig(api: &KubeApi) -> Result<String, String> {
             .ca_file
             .clone()
             .unwrap_or_else(|| api.service_account_dir.join("ca.crt"));
-        let data = fs::read(&ca).map_err(|e| format!("reading CA {}: {e}", ca.display()))?;
+        let data = fs::read(&ca).map_err(|source| KubeconfigError::Ca {
+            path: ca.clone(),
+            source,
+        })?;
         cluster.insert(
             "certificate-authority-data".into(),
             Value::from(base64::engine::general_purpose::STANDARD.encode(&data)),
@@ -475,7 +506,7 @@ pub fn render_kubeconfig(api: &KubeApi) -> Result<String, String> {
         "preferences": {},
         "users": [{"name": "istio-cni", "user": {"token": token.trim()}}],
     });
-    serde_norway::to_string(&cfg).map_err(|e| e.to_string())
+    Ok(serde_norway::to_string(&cfg)?)
 }
 
 #[cfg(test)]
