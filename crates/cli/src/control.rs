@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ambit_control::autoregister::AutoRegistrationConfig;
+use ambit_control::mesh_config::watch::MeshSource;
 use ambit_control::server::{CallerAuth, ControlConfig, DEFAULT_NODE_ACCOUNTS, ObjectSource};
 use ambit_control::translate::ClusterConfig;
 
@@ -53,14 +54,23 @@ pub struct Args {
     /// DNS names for the server certificate (repeatable).
     #[arg(long = "hostname", default_values_t = ["istiod.istio-system.svc".to_string(), "localhost".to_string()])]
     hostnames: Vec<String>,
+    /// Trust domain of workload identities, unless the mesh config sets `trustDomain` (which
+    /// wins, as in istiod).
     #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
     trust_domain: String,
     #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
     cluster_domain: String,
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     cluster_id: String,
+    /// Istio's root namespace (its selector-less policies are mesh-wide), unless the mesh
+    /// config sets `rootNamespace` (which wins, as in istiod).
     #[arg(long, env = "ISTIO_ROOT_NAMESPACE", default_value = "istio-system")]
     root_namespace: String,
+    /// Istio's mesh config as YAML (the `mesh` key of the `istio` ConfigMap): `trustDomain`,
+    /// `rootNamespace` and `defaultConfig.proxyMetadata` are read, other fields ignored.
+    /// Re-read while running; a changed `trustDomain` is refused (it takes a restart).
+    #[arg(long, env = "AMBIT_MESH_CONFIG")]
+    mesh_config: Option<PathBuf>,
     /// How long an auto-registered WorkloadEntry outlives its VM's last xDS stream (Go
     /// duration, as istiod's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
     #[arg(
@@ -119,6 +129,10 @@ pub fn main(args: Args) -> ExitCode {
             CallerAuth::TokenReview { node_accounts }
         }
     };
+    let mesh_config = match args.mesh_config {
+        Some(file) => MeshSource::File(file),
+        None => MeshSource::None,
+    };
     let cfg = ControlConfig {
         source,
         listen: args.listen,
@@ -132,6 +146,7 @@ pub fn main(args: Args) -> ExitCode {
             root_namespace: args.root_namespace,
             cluster_id: args.cluster_id,
         },
+        mesh_config,
         autoregistration: AutoRegistrationConfig {
             grace_period: args.workload_entry_grace_period,
             max_entries_per_group: args.max_entries_per_group,

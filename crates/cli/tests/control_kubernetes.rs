@@ -57,6 +57,7 @@ async fn start_with(kube: ambit_kubeapi::KubeConfig) -> Control {
         monitoring: None,
         hostnames: vec!["localhost".into()],
         cluster: ClusterConfig::default(),
+        mesh_config: ambit_control::mesh_config::watch::MeshSource::None,
         autoregistration: Default::default(),
     };
     let (bound_tx, bound) = tokio::sync::oneshot::channel();

@@ -13,6 +13,8 @@
 //! `--trust-domain` / `--root-namespace` flags (istiod takes both from the mesh config); a
 //! field absent or empty there falls back to the flag, so the flags are the mesh defaults.
 
+pub mod watch;
+
 use std::collections::BTreeMap;
 
 use serde_norway::Value;

@@ -32,6 +32,9 @@ pub struct Metrics {
     services: AtomicU64,
     policies: AtomicU64,
     pushes: AtomicU64,
+    /// 0 while the mesh config source holds a version that was refused.
+    mesh_config_out_of_sync: AtomicBool,
+    mesh_config_rejected: AtomicU64,
 }
 
 impl Metrics {
@@ -46,6 +49,18 @@ impl Metrics {
     /// The gRPC port is bound and a snapshot is published.
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the mesh config source's latest version is the one in force.
+    pub fn mesh_config_in_sync(&self, in_sync: bool) {
+        self.mesh_config_out_of_sync
+            .store(!in_sync, Ordering::Relaxed);
+    }
+
+    /// A mesh config version was refused (the last good one stays).
+    pub fn mesh_config_rejected(&self) {
+        self.mesh_config_rejected.fetch_add(1, Ordering::Relaxed);
+        self.mesh_config_in_sync(false);
     }
 
     pub fn is_ready(&self) -> bool {
@@ -82,6 +97,18 @@ impl Metrics {
         out.push_str(&format!(
             "# HELP ambit_control_pushes_total Snapshots published to the xDS server.\n\
              # TYPE ambit_control_pushes_total counter\nambit_control_pushes_total {pushes}\n"
+        ));
+        out.push_str(&gauge(
+            "ambit_control_mesh_config_in_sync",
+            "1 when the mesh config source's latest version is in force, 0 after a refused one.",
+            u64::from(!self.mesh_config_out_of_sync.load(Ordering::Relaxed)),
+        ));
+        let rejected = self.mesh_config_rejected.load(Ordering::Relaxed);
+        out.push_str(&format!(
+            "# HELP ambit_control_mesh_config_rejected_total Mesh config versions refused \
+             (bad, or a trust domain change); the last good one stayed.\n\
+             # TYPE ambit_control_mesh_config_rejected_total counter\n\
+             ambit_control_mesh_config_rejected_total {rejected}\n"
         ));
         out
     }

@@ -23,6 +23,8 @@ use tokio::net::TcpListener;
 use crate::autoregister::{AutoRegistrationConfig, Registry};
 use crate::ca::{CaService, Caller, StaticAuthorizer};
 use crate::kube_auth::{PodIndex, PodPlacement, TokenReviewAuthorizer};
+use crate::mesh_config::MeshSettings;
+use crate::mesh_config::watch::{MeshSource, MeshWatch};
 use crate::source::DirectorySource;
 use crate::translate::{ClusterConfig, Translation};
 use crate::xds::{Snapshot, XdsServer};
@@ -41,7 +43,11 @@ pub struct ControlConfig {
     pub monitoring: Option<SocketAddr>,
     /// Names in the server certificate (the listen IP is always added).
     pub hostnames: Vec<String>,
+    /// The flags' cluster settings; `trust_domain` and `root_namespace` are the defaults for
+    /// what [`ControlConfig::mesh_config`] does not set.
     pub cluster: ClusterConfig,
+    /// Istio's mesh config (`crate::mesh_config`): read at start, followed while running.
+    pub mesh_config: MeshSource,
     /// WorkloadEntry auto-registration of connecting VMs.
     pub autoregistration: AutoRegistrationConfig,
 }
@@ -108,6 +114,8 @@ pub enum ControlError {
     KubeClient(#[from] ambit_kubeapi::ConfigError),
     #[error("Kubernetes object source: {0}")]
     KubeSource(#[source] Box<crate::kube_source::KubeSourceError>),
+    #[error("mesh config: {0}")]
+    MeshConfig(#[from] crate::mesh_config::MeshConfigError),
     #[error("TokenReview authentication needs the Kubernetes object source")]
     TokenReviewWithoutKubernetes,
     #[error("listening on {addr}: {source}")]
@@ -209,9 +217,39 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send,
     bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> Result<(), ControlError> {
+    // One Kubernetes client for the process: one connection pool and one credential (one
+    // exec plugin run) for the TokenReview authorizer, the object source and the mesh config.
+    let objects = match &cfg.source {
+        ObjectSource::Kubernetes(kube) => {
+            Objects::Kubernetes(ambit_kubeapi::Client::new((**kube).clone())?)
+        }
+        ObjectSource::Directory(dir) => Objects::Directory(dir),
+    };
+    let metrics = Arc::new(crate::monitoring::Metrics::default());
+    let client = match &objects {
+        Objects::Kubernetes(client) => Some(client.clone()),
+        Objects::Directory(_) => None,
+    };
+    // The trust domain and root namespace in force: the mesh config's, else the flags'.
+    let mesh = MeshWatch::start(
+        cfg.mesh_config.clone(),
+        cfg.cluster.clone(),
+        client,
+        metrics.clone(),
+    )
+    .await?;
+    let mut mesh_settings = mesh.subscribe();
+    let cluster_config = {
+        let m = mesh.current();
+        ClusterConfig {
+            trust_domain: m.trust_domain.clone(),
+            root_namespace: m.root_namespace.clone(),
+            ..cfg.cluster.clone()
+        }
+    };
     let ca = Arc::new(LocalCa::load_or_generate(
         &cfg.state_dir,
-        &cfg.cluster.trust_domain,
+        &cluster_config.trust_domain,
     )?);
     let mut names: Vec<String> = cfg.hostnames.clone();
     names.push(cfg.listen.ip().to_string());
@@ -230,14 +268,6 @@ pub async fn run(
             .get(node)
             .is_some_and(|ids| ids.contains(id))
     };
-    // One Kubernetes client for the process: one connection pool and one credential (one
-    // exec plugin run) for the TokenReview authorizer and the object source.
-    let objects = match &cfg.source {
-        ObjectSource::Kubernetes(kube) => {
-            Objects::Kubernetes(ambit_kubeapi::Client::new((**kube).clone())?)
-        }
-        ObjectSource::Directory(dir) => Objects::Directory(dir),
-    };
     let authorizer: Arc<dyn Authorizer> = match (&cfg.auth, &objects) {
         (CallerAuth::Tokens(path), _) => {
             Arc::new(StaticAuthorizer::new(load_tokens(path)?, on_node))
@@ -245,7 +275,7 @@ pub async fn run(
         (CallerAuth::TokenReview { node_accounts }, Objects::Kubernetes(client)) => {
             Arc::new(TokenReviewAuthorizer::new(
                 client.clone(),
-                cfg.cluster.trust_domain.clone(),
+                cluster_config.trust_domain.clone(),
                 node_accounts.clone(),
                 pods.clone(),
                 on_node,
@@ -264,7 +294,6 @@ pub async fn run(
         as_xds(authorizer.clone()),
         Arc::new(registry.clone()),
     ));
-    let metrics = Arc::new(crate::monitoring::Metrics::default());
     let _monitoring = match cfg.monitoring {
         Some(addr) => Some(crate::monitoring::serve(addr, metrics.clone()).await?),
         None => None,
@@ -273,13 +302,13 @@ pub async fn run(
     // source's task alive.
     let (mut clusters, _source_guard): (_, Box<dyn std::any::Any + Send>) = match objects {
         Objects::Directory(dir) => {
-            let watch = DirectorySource::new(dir, cfg.cluster.clone())
+            let watch = DirectorySource::new(dir, cluster_config.clone())
                 .watch()
                 .await?;
             (watch.subscribe(), Box::new(watch))
         }
         Objects::Kubernetes(client) => {
-            let watch = crate::kube_source::KubeSource::new(client, cfg.cluster.clone())
+            let watch = crate::kube_source::KubeSource::new(client, cluster_config.clone())
                 .watch()
                 .await?;
             (watch.subscribe(), Box::new(watch))
@@ -291,12 +320,16 @@ pub async fn run(
         let pods = pods.clone();
         let metrics = metrics.clone();
         let registry = registry.clone();
-        move |cluster: &Arc<crate::translate::Cluster>| {
+        move |cluster: &Arc<crate::translate::Cluster>, mesh: &MeshSettings| {
             // Registration looks groups, pods and declared entries up in the latest objects;
             // the served workloads are those objects plus the registered entries.
             registry.set_cluster(cluster.clone());
             let mut merge_warnings = Vec::new();
-            let mut t = registry.merge(cluster, &mut merge_warnings).translate();
+            let mut merged = registry.merge(cluster, &mut merge_warnings);
+            // The sources carry the settings of the start; the mesh config's root namespace
+            // may have changed since (the trust domain never does, see `mesh_config::watch`).
+            merged.config.root_namespace = mesh.root_namespace.clone();
+            let mut t = merged.translate();
             t.warnings.extend(merge_warnings);
             for w in &t.warnings {
                 tracing::warn!(warning = %w, "translation");
@@ -314,17 +347,28 @@ pub async fn run(
         }
     };
     let first = clusters.borrow_and_update().clone();
-    publish(&first);
+    publish(&first, &mesh_settings.borrow_and_update().clone());
     let mut registrations = registry.subscribe();
     let updater = tokio::spawn(async move {
+        // Owned by the task: the mesh config is followed as long as it publishes.
+        let _mesh = mesh;
+        // A mesh config that is no longer followed keeps its last settings; objects and
+        // registrations still publish.
+        let mut mesh_followed = true;
         loop {
             tokio::select! {
                 c = clusters.changed() => if c.is_err() { break },
                 r = registrations.changed() => if r.is_err() { break },
+                m = mesh_settings.changed(), if mesh_followed => if m.is_err() {
+                    tracing::error!("the mesh config is no longer followed; its last settings stay");
+                    mesh_followed = false;
+                    continue;
+                },
             }
             let cluster = clusters.borrow_and_update().clone();
             registrations.borrow_and_update();
-            publish(&cluster);
+            let settings = mesh_settings.borrow_and_update().clone();
+            publish(&cluster, &settings);
         }
     });
 

@@ -3,12 +3,11 @@
 //! node proxy's stream) watches the Address resources every ztunnel gets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/tls_channel.rs"]
+mod support;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ambit_control::autoregister::AutoRegistrationConfig;
@@ -19,18 +18,13 @@ use ambit_proto::discovery::aggregated_discovery_service_client::AggregatedDisco
 use ambit_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use ambit_proto::prost::{Message, Name};
 use ambit_proto::workload::{self, address::Type};
-use ambit_tls::tokio_rustls::TlsConnector;
-use ambit_tls::tokio_rustls::client::TlsStream;
-use hyper_util::rt::TokioIo;
 use prost_types::value::Kind;
 use prost_types::{Struct, Value};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-use tonic::codegen::http::Uri;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const VM_TOKEN: &str = "vm-token-0123456789abcdef";
@@ -55,30 +49,6 @@ spec:
   clusterIP: 10.96.0.10
   ports: [{name: http, port: 80, targetPort: 8080}]
 ";
-
-// ---- a TLS gRPC channel (tonic is built without TLS) -------------------------------------
-
-#[derive(Clone)]
-struct Connect(TlsConnector, SocketAddr);
-
-impl tower_service::Service<Uri> for Connect {
-    type Response = TokioIo<TlsStream<TcpStream>>;
-    type Error = std::io::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Uri) -> Self::Future {
-        let Connect(tls, addr) = self.clone();
-        Box::pin(async move {
-            let tcp = TcpStream::connect(addr).await?;
-            let name = "localhost".try_into().map_err(std::io::Error::other)?;
-            Ok(TokioIo::new(tls.connect(name, tcp).await?))
-        })
-    }
-}
 
 struct Control {
     addr: SocketAddr,
@@ -115,6 +85,7 @@ impl Control {
             monitoring: None,
             hostnames: vec!["localhost".into()],
             cluster: ClusterConfig::default(),
+            mesh_config: ambit_control::mesh_config::watch::MeshSource::None,
             autoregistration: AutoRegistrationConfig {
                 grace_period: grace,
                 ..Default::default()
@@ -145,12 +116,7 @@ impl Control {
     }
 
     fn channel(&self) -> Channel {
-        let config = ambit_tls::client_config_for_root(&self.root, None).unwrap();
-        let connect = Connect(TlsConnector::from(Arc::new(config)), self.addr);
-        Endpoint::from_shared(format!("http://localhost:{}", self.addr.port()))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .connect_with_connector_lazy(connect)
+        support::channel(&self.root, self.addr)
     }
 
     /// Opens a delta ADS stream for Address resources with `token` and `node`.
