@@ -69,8 +69,17 @@ pub struct Args {
     /// Istio's mesh config as YAML (the `mesh` key of the `istio` ConfigMap): `trustDomain`,
     /// `rootNamespace` and `defaultConfig.proxyMetadata` are read, other fields ignored.
     /// Re-read while running; a changed `trustDomain` is refused (it takes a restart).
+    /// Without it, --kubernetes watches the ConfigMap named by --mesh-config-map.
     #[arg(long, env = "AMBIT_MESH_CONFIG")]
     mesh_config: Option<PathBuf>,
+    /// With --kubernetes and no --mesh-config: the ConfigMap (NAMESPACE/NAME) whose `mesh` key
+    /// is the mesh config, watched; a missing ConfigMap is an empty mesh config.
+    #[arg(
+        long,
+        env = "AMBIT_MESH_CONFIG_MAP",
+        default_value = "istio-system/istio"
+    )]
+    mesh_config_map: String,
     /// How long an auto-registered WorkloadEntry outlives its VM's last xDS stream (Go
     /// duration, as istiod's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
     #[arg(
@@ -129,9 +138,24 @@ pub fn main(args: Args) -> ExitCode {
             CallerAuth::TokenReview { node_accounts }
         }
     };
-    let mesh_config = match args.mesh_config {
-        Some(file) => MeshSource::File(file),
-        None => MeshSource::None,
+    let mesh_config = match (args.mesh_config, args.kubernetes) {
+        (Some(file), _) => MeshSource::File(file),
+        (None, false) => MeshSource::None,
+        (None, true) => match args.mesh_config_map.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                MeshSource::ConfigMap {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                }
+            }
+            _ => {
+                eprintln!(
+                    "--mesh-config-map {:?}: expected NAMESPACE/NAME",
+                    args.mesh_config_map
+                );
+                return ExitCode::from(2);
+            }
+        },
     };
     let cfg = ControlConfig {
         source,

@@ -273,7 +273,22 @@ async fn control_plane_rbac_is_exactly_what_it_calls() {
             &["istio-ca"],
         ),
     );
+    server.add_collection("/api/v1/configmaps", "ConfigMap", "v1", true);
     let client = Client::new(server.config()).expect("client");
+    let mesh = ambit_control::mesh_config::watch::MeshWatch::start(
+        ambit_control::mesh_config::watch::MeshSource::ConfigMap {
+            namespace: "istio-system".into(),
+            name: "istio".into(),
+        },
+        ClusterConfig::default(),
+        Some(client.clone()),
+        Default::default(),
+    )
+    .await
+    .expect("mesh config listed");
+    let configmaps = "/api/v1/namespaces/istio-system/configmaps";
+    eventually(configmaps, DEADLINE, || watched(&server, configmaps)).await;
+    drop(mesh);
     let watch = KubeSource::new(client.clone(), ClusterConfig::default())
         .watch()
         .await

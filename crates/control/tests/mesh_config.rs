@@ -392,3 +392,101 @@ async fn a_broken_mesh_config_stops_the_start() {
         );
     }
 }
+
+/// The `istio` ConfigMap on the API server, followed by a watch: absent is the defaults, a
+/// good `mesh` key applies, a trust domain change and a ConfigMap without the key are
+/// refused (the last good settings stay), a deletion is the defaults again.
+#[tokio::test]
+async fn the_istio_config_map_is_followed() {
+    use ambit_control::mesh_config::watch::MeshWatch;
+    use ambit_kubeapi::serde_json::{self, json};
+    use ambit_kubeapi::testing::FakeApiServer;
+
+    let server = FakeApiServer::start().await.unwrap();
+    server.add_collection("/api/v1/configmaps", "ConfigMap", "v1", true);
+    // Another ConfigMap of the namespace is none of the control plane's business.
+    server.apply(
+        "/api/v1/configmaps",
+        json!({"metadata": {"name": "other", "namespace": "istio-system"},
+               "data": {"mesh": "rootNamespace: [not, ours]\n"}}),
+    );
+    let client = ambit_kubeapi::Client::new(server.config()).unwrap();
+    let metrics = std::sync::Arc::new(ambit_control::monitoring::Metrics::default());
+    let watch = MeshWatch::start(
+        MeshSource::ConfigMap {
+            namespace: "istio-system".into(),
+            name: "istio".into(),
+        },
+        ClusterConfig::default(),
+        Some(client),
+        metrics.clone(),
+    )
+    .await
+    .expect("a missing ConfigMap is the defaults");
+    assert_eq!(watch.current().root_namespace, "istio-system");
+
+    let config_map = |data: serde_json::Value| json!({"metadata": {"name": "istio", "namespace": "istio-system"}, "data": data});
+    let rejected = |m: &ambit_control::monitoring::Metrics| {
+        m.render()
+            .lines()
+            .find_map(|l| l.strip_prefix("ambit_control_mesh_config_rejected_total "))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    // (what, the ConfigMap's data or None to delete it, the root namespace then, refusals so far)
+    let steps: [(&str, Option<serde_json::Value>, &str, u64); 5] = [
+        (
+            "a good mesh key",
+            Some(
+                json!({"mesh": "rootNamespace: mesh-root\ndefaultConfig: {proxyMetadata: {A: b}}\n"}),
+            ),
+            "mesh-root",
+            0,
+        ),
+        (
+            "a trust domain change",
+            Some(json!({"mesh": "trustDomain: other.example\nrootNamespace: third\n"})),
+            "mesh-root",
+            1,
+        ),
+        (
+            "no mesh key",
+            Some(json!({"meshNetworks": "networks: {}\n"})),
+            "mesh-root",
+            2,
+        ),
+        (
+            "the same trust domain, spelled out",
+            Some(json!({"mesh": "trustDomain: cluster.local\nrootNamespace: third\n"})),
+            "third",
+            2,
+        ),
+        ("deleted", None, "istio-system", 2),
+    ];
+    for (what, data, root_namespace, refusals) in steps {
+        match data {
+            Some(data) => {
+                server.apply("/api/v1/configmaps", config_map(data));
+            }
+            None => {
+                server.delete("/api/v1/configmaps", "istio-system", "istio");
+            }
+        }
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let got = (watch.current().root_namespace.clone(), rejected(&metrics));
+            if got == (root_namespace.to_string(), Some(refusals)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: (root namespace, refusals) is {got:?}, not ({root_namespace}, {refusals})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(watch.current().trust_domain, "cluster.local", "{what}");
+    }
+    assert!(
+        watch.current().proxy_metadata.is_empty(),
+        "the deletion cleared the proxyMetadata"
+    );
+}
