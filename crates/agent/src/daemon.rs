@@ -103,6 +103,9 @@ pub(crate) struct Core<S> {
     install_ready: AtomicBool,
     /// Pods whose ruleset changed, waiting for verification (see [`rules_watch`]).
     dirty: Arc<rules_watch::Dirty>,
+    /// The rule tools' verdicts on pod rulesets, shared by every pod: pods whose rules read
+    /// alike are judged by the tools once between them (`InPod::verify_in`).
+    verdicts: Arc<ambit_redirect::VerifyMemo>,
 }
 
 impl<S> std::fmt::Debug for Core<S> {
@@ -344,6 +347,7 @@ pub async fn start(cfg: AgentConfig, source: impl PodSource) -> Result<AgentHand
         server_ready: AtomicBool::new(false),
         install_ready: AtomicBool::new(false),
         dirty: Arc::default(),
+        verdicts: Arc::default(),
     });
 
     let mut tasks = JoinSet::new();

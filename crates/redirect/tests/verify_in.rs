@@ -318,7 +318,7 @@ fn drifts(pod: &InPod) -> Vec<Drift> {
     v
 }
 
-fn assert_same(pod: &InPod, ns: &Ns, memo: &mut VerifyMemo, ctx: &str) -> VerifyReport {
+fn assert_same(pod: &InPod, ns: &Ns, memo: &VerifyMemo, ctx: &str) -> VerifyReport {
     let fast = pod.verify_in(&ns.fd, ns, memo).unwrap();
     let reference = pod.verify(ns).unwrap();
     assert_eq!(fast, reference, "{ctx}: verify_in differs from verify");
@@ -332,7 +332,7 @@ fn assert_same(pod: &InPod, ns: &Ns, memo: &mut VerifyMemo, ctx: &str) -> Verify
 }
 
 /// A clean pod verifies clean and, once its verdict is known, costs no process.
-fn assert_clean_and_free(pod: &InPod, ns: &Ns, memo: &mut VerifyMemo, ctx: &str) {
+fn assert_clean_and_free(pod: &InPod, ns: &Ns, memo: &VerifyMemo, ctx: &str) {
     let report = assert_same(pod, ns, memo, ctx);
     assert!(report.is_clean(), "{ctx}: {:#?}", report.findings);
     let before = ns.count();
@@ -357,16 +357,16 @@ fn verify_in_reports_what_verify_reports_on_every_drift() {
             let pod = InPod::new(backend, config(variant));
             let ctx = format!("{backend:?}/{variant:?}");
             let ns = Ns::new(false);
-            let mut memo = VerifyMemo::default();
-            let empty = pod.verify_in(&ns.fd, &ns, &mut memo).unwrap();
+            let memo = VerifyMemo::default();
+            let empty = pod.verify_in(&ns.fd, &ns, &memo).unwrap();
             assert_eq!(empty, pod.verify(&ns).unwrap(), "{ctx}: empty namespace");
             assert!(empty.missing().count() > 0, "{ctx}: empty namespace");
             pod.apply(&ns).unwrap();
-            assert_clean_and_free(&pod, &ns, &mut memo, &ctx);
+            assert_clean_and_free(&pod, &ns, &memo, &ctx);
             // Repaired after a drift, the pod is clean and free again.
             run_drift(&ns, &drifts(&pod)[0].commands[0]);
             pod.apply(&ns).unwrap();
-            assert_clean_and_free(&pod, &ns, &mut memo, &format!("{ctx}, repaired"));
+            assert_clean_and_free(&pod, &ns, &memo, &format!("{ctx}, repaired"));
             drop(ns);
 
             // Each drift in a fresh namespace (cheaper than a reconciling repair), after a
@@ -374,16 +374,16 @@ fn verify_in_reports_what_verify_reports_on_every_drift() {
             for d in drifts(&pod) {
                 let ctx = format!("{ctx}: {}", d.what);
                 let ns = Ns::new(false);
-                let mut memo = VerifyMemo::default();
+                let memo = VerifyMemo::default();
                 pod.apply(&ns).unwrap();
                 assert!(
-                    pod.verify_in(&ns.fd, &ns, &mut memo).unwrap().is_clean(),
+                    pod.verify_in(&ns.fd, &ns, &memo).unwrap().is_clean(),
                     "{ctx}"
                 );
                 for c in &d.commands {
                     run_drift(&ns, c);
                 }
-                let report = assert_same(&pod, &ns, &mut memo, &ctx);
+                let report = assert_same(&pod, &ns, &memo, &ctx);
                 let got = if report.missing().count() > 0 {
                     Expect::Missing
                 } else if report.is_clean() {
@@ -409,10 +409,10 @@ fn legacy_iptables_is_verified_by_the_tools_every_time() {
     let pod = InPod::new(Backend::Iptables, config(Variant::Ipv4Only));
     let ns = Ns::new(true);
     pod.apply(&ns).unwrap();
-    let mut memo = VerifyMemo::default();
+    let memo = VerifyMemo::default();
     for _ in 0..2 {
         let before = ns.count();
-        let report = pod.verify_in(&ns.fd, &ns, &mut memo).unwrap();
+        let report = pod.verify_in(&ns.fd, &ns, &memo).unwrap();
         assert!(report.is_clean(), "{:#?}", report.findings);
         assert!(
             ns.count() > before,
@@ -430,7 +430,73 @@ fn legacy_iptables_is_verified_by_the_tools_every_time() {
     let args = victim.delete_args();
     del.extend(args.iter().map(String::as_str));
     ns.sh(&del);
-    let report = pod.verify_in(&ns.fd, &ns, &mut memo).unwrap();
+    let report = pod.verify_in(&ns.fd, &ns, &memo).unwrap();
     assert_eq!(report, pod.verify(&ns).unwrap());
     assert!(report.missing().count() > 0, "{report:#?}");
+}
+
+/// Moves `ns`'s nf_tables generation without changing any ruleset: a commit that adds a
+/// table and one that deletes it again.
+fn bump_generation(ns: &Ns) {
+    ns.sh(&["nft", "add", "table", "inet", "verify-in-bump"]);
+    ns.sh(&["nft", "delete", "table", "inet", "verify-in-bump"]);
+}
+
+/// The agent keeps one memo for all its pods: a verdict the rule tools gave on one pod
+/// serves every other pod whose rules read the same, whatever its generation (pods are
+/// enrolled, guarded and repaired at different moments), so a node's first pass over
+/// freshly enrolled pods costs no process per pod. A pod whose rules differ in any way is
+/// still judged by the tools: every drift is found on the second pod while the first one,
+/// unchanged, stays free.
+#[test]
+fn one_verdict_serves_every_pod_with_the_same_rules() {
+    if !ambit_netns::testing::netns_capable_or_skip(
+        "one_verdict_serves_every_pod_with_the_same_rules",
+    ) {
+        return;
+    }
+    for variant in [Variant::Default, Variant::Ipv4Only] {
+        let pod = InPod::new(Backend::Iptables, config(variant));
+        let ctx = format!("{variant:?}");
+        let first = Ns::new(false);
+        pod.apply(&first).unwrap();
+        let memo = VerifyMemo::default();
+        assert_clean_and_free(&pod, &first, &memo, &ctx);
+        for d in drifts(&pod) {
+            let ctx = format!("{ctx}: {}", d.what);
+            let other = Ns::new(false);
+            pod.apply(&other).unwrap();
+            bump_generation(&other);
+            let before = other.count();
+            let report = pod.verify_in(&other.fd, &other, &memo).unwrap();
+            assert!(report.is_clean(), "{ctx}: {:#?}", report.findings);
+            assert_eq!(
+                other.count(),
+                before,
+                "{ctx}: a pod with the same rules as a judged one started processes"
+            );
+            for c in &d.commands {
+                run_drift(&other, c);
+            }
+            let report = assert_same(&pod, &other, &memo, &ctx);
+            let got = if report.missing().count() > 0 {
+                Expect::Missing
+            } else if report.is_clean() {
+                Expect::Clean
+            } else {
+                Expect::Extra
+            };
+            assert_eq!(got, d.expect, "{ctx}: {:#?}", report.findings);
+            let before = first.count();
+            assert!(
+                pod.verify_in(&first.fd, &first, &memo).unwrap().is_clean(),
+                "{ctx}: the unchanged pod"
+            );
+            assert_eq!(
+                first.count(),
+                before,
+                "{ctx}: the unchanged pod lost its verdict"
+            );
+        }
+    }
 }

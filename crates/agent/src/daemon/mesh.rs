@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use ambit_netns::NetnsFd;
-use ambit_redirect::{Guard, IfaceName, InPod, KernelError, PodRedirectConfig, VerifyMemo};
+use ambit_redirect::{Guard, IfaceName, InPod, KernelError, PodRedirectConfig};
 
 use super::aws_eni;
 use super::rules_watch::{self, Verifier, WatchHandle};
@@ -32,9 +32,6 @@ pub(crate) struct Slot {
     pub inpod: InPod,
     /// ztunnel acked the last `Add`.
     pub acked: bool,
-    /// What the verification pass last learnt about this pod's rules (shared with a pass
-    /// that checks from a snapshot of the table).
-    pub memo: Arc<Mutex<VerifyMemo>>,
     /// The pod's ruleset-change watcher (`None`: disabled or not available).
     pub _watch: Option<WatchHandle>,
     /// The pod's fail-closed guard (`None`: disabled, ingress mode, or refused by the
@@ -254,7 +251,6 @@ impl<S: PodSource> Core<S> {
                 ips: ips.clone(),
                 inpod,
                 acked: false,
-                memo: Arc::default(),
                 _watch: watch,
                 guard,
             },
@@ -444,14 +440,7 @@ impl<S: PodSource> Core<S> {
     /// Verifies (and repairs) the enrolled pods in `only`, or all; returns how many stayed
     /// unprotected.
     async fn verify_pods(&self, only: Option<&[String]>) -> i64 {
-        type Entry = (
-            String,
-            Arc<NetnsFd>,
-            InPod,
-            bool,
-            Arc<Mutex<VerifyMemo>>,
-            Option<SharedGuard>,
-        );
+        type Entry = (String, Arc<NetnsFd>, InPod, bool, Option<SharedGuard>);
         let snapshot: Vec<Entry> = self
             .enrolled
             .lock()
@@ -459,25 +448,23 @@ impl<S: PodSource> Core<S> {
             .iter()
             .filter(|(uid, _)| only.is_none_or(|o| o.contains(uid)))
             .map(|(uid, s)| {
-                let (memo, guard) = (s.memo.clone(), s.guard.clone());
                 (
                     uid.clone(),
                     s.netns.clone(),
                     s.inpod.clone(),
                     s.acked,
-                    memo,
-                    guard,
+                    s.guard.clone(),
                 )
             })
             .collect();
         let mut unprotected = 0i64;
-        for (uid, netns, inpod, acked, memo, guard) in snapshot {
+        for (uid, netns, inpod, acked, guard) in snapshot {
             let standby_ok = match guard {
                 Some(guard) => standby_intact(&uid, guard).await,
                 None => true,
             };
             if standby_ok
-                && rules_present(&inpod, &netns, &memo).await
+                && rules_present(&inpod, &netns, &self.verdicts).await
                 && (!acked || listening(&netns).await)
             {
                 continue;
@@ -505,7 +492,7 @@ impl<S: PodSource> Core<S> {
 
     /// Re-checks one pod and repairs what is missing; `true` when it ends up protected.
     async fn verify_slot(&self, slot: &mut Slot) -> bool {
-        let mut rules_ok = rules_present(&slot.inpod, &slot.netns, &slot.memo).await;
+        let mut rules_ok = rules_present(&slot.inpod, &slot.netns, &self.verdicts).await;
         if !rules_ok {
             tracing::warn!(pod = %slot.pod.name, "in-pod rules missing, re-applying");
             self.metrics.repairs.inc();
@@ -518,7 +505,7 @@ impl<S: PodSource> Core<S> {
             if let Err(e) = blocking(move || inpod.apply(&runner)).await {
                 tracing::warn!(pod = %slot.pod.name, error = %e, "re-applying rules failed");
             }
-            rules_ok = rules_present(&slot.inpod, &slot.netns, &slot.memo).await;
+            rules_ok = rules_present(&slot.inpod, &slot.netns, &self.verdicts).await;
             if rules_ok {
                 flush_bypassed(slot).await;
             }

@@ -207,7 +207,6 @@ impl<S: PodSource> Core<S> {
                     netns,
                     // It was enabled, so a ztunnel acked it and (if still running) listens.
                     acked: true,
-                    memo: Arc::default(),
                     _watch: watch,
                     guard,
                     pod,

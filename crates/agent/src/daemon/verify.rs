@@ -5,11 +5,12 @@
 //! and exports how many pods stayed unprotected.
 //!
 //! A pass over an unchanged pod starts no process: the rules are checked with
-//! [`InPod::verify_in`] (in-process kernel reads, rule tools only for rules that changed
-//! since their last verdict) and the listeners from `/proc` on a thread in the pod's netns.
+//! [`InPod::verify_in`] (in-process kernel reads, rule tools only for rules unlike any
+//! they already judged) and the listeners from a `sock_diag` dump on a thread in the pod's
+//! netns.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ambit_netns::{NetnsFd, run_in_netns_thread};
 use ambit_redirect::{InPod, VerifyMemo};
@@ -57,20 +58,20 @@ pub fn ztunnel_listening(netns: &NetnsFd) -> bool {
     listening_ports(netns).is_ok_and(|p| REQUIRED_PORTS.iter().all(|r| p.contains(r)))
 }
 
-/// Runs `InPod::verify_in` (in-process reads; rule tools only for rules that changed
-/// since `memo` last saw them judged); `true` when nothing planned is missing.
+/// Runs `InPod::verify_in` (in-process reads; rule tools only for rules that read unlike
+/// every ruleset `verdicts` holds their verdict on); `true` when nothing planned is
+/// missing.
 pub async fn rules_present(
     inpod: &InPod,
     netns: &Arc<NetnsFd>,
-    memo: &Arc<Mutex<VerifyMemo>>,
+    verdicts: &Arc<VerifyMemo>,
 ) -> bool {
-    let (inpod, netns, memo) = (inpod.clone(), netns.clone(), memo.clone());
+    let (inpod, netns, verdicts) = (inpod.clone(), netns.clone(), verdicts.clone());
     tokio::task::spawn_blocking(move || {
         let runner = FdRunner {
             netns: netns.clone(),
         };
-        let mut memo = memo.lock().unwrap_or_else(|p| p.into_inner());
-        inpod.verify_in(&netns, &runner, &mut memo)
+        inpod.verify_in(&netns, &runner, &verdicts)
     })
     .await
     .ok()

@@ -8,6 +8,7 @@
 //! ([`Ruleset::same_state`]); what cannot change the verdict is left out of it: object
 //! handles, rule positions and packet counters.
 
+use netlink_packet_core::Emitable;
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, ExpressionAttribute, GenAttribute, GenMessage, Hook,
     ListAttribute, NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute, TableMessage,
@@ -64,6 +65,9 @@ pub(crate) struct Ruleset {
     /// The generation the kernel reported just before the dumps.
     generation: u32,
     pub(crate) tables: Vec<Table>,
+    /// A hash of `tables` (see [`fingerprint`]): rulesets that differ almost always differ
+    /// here, so a search among many compares little more than this.
+    fingerprint: u64,
 }
 
 fn message(family: NftFamily, inner: NfTablesMessage) -> NetfilterMessage {
@@ -220,13 +224,24 @@ impl Ruleset {
                 what: "nft ruleset read",
             });
         }
-        Ok(Self { generation, tables })
+        let fingerprint = fingerprint(&tables);
+        Ok(Self {
+            generation,
+            tables,
+            fingerprint,
+        })
     }
 
     /// Whether `self` and `other` describe the same rules, read at the same generation (no
     /// commit happened in between, so not even a change and its undo).
     pub(crate) fn same_state(&self, other: &Ruleset) -> bool {
         self == other
+    }
+
+    /// Whether `self` and `other` hold the same tables, chains and rules (handles, rule
+    /// positions and packet counters aside), wherever and whenever each was read.
+    pub(crate) fn same_rules(&self, other: &Ruleset) -> bool {
+        self.fingerprint == other.fingerprint && self.tables == other.tables
     }
 
     /// The table named `name`, if present.
@@ -288,6 +303,60 @@ impl Table {
                 .iter()
                 .zip(&other.chains)
                 .all(|(a, b)| chain(a) == chain(b))
+    }
+}
+
+/// A hash of every table, chain and rule as kept (names, hooks, and each attribute in the
+/// kernel's own encoding). Only ever compared within one process.
+fn fingerprint(tables: &[Table]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut buf = Vec::new();
+    let mut attr = |h: &mut std::collections::hash_map::DefaultHasher, a: &dyn NlaBytes| {
+        buf.clear();
+        buf.resize(a.len(), 0);
+        a.put(&mut buf);
+        buf.hash(h);
+    };
+    tables.len().hash(&mut h);
+    for t in tables {
+        t.name.hash(&mut h);
+        t.attrs.len().hash(&mut h);
+        for a in &t.attrs {
+            attr(&mut h, a);
+        }
+        t.chains.len().hash(&mut h);
+        for c in &t.chains {
+            c.name.hash(&mut h);
+            c.hook.hash(&mut h);
+            c.attrs.len().hash(&mut h);
+            for a in &c.attrs {
+                attr(&mut h, a);
+            }
+            c.rules.len().hash(&mut h);
+            for r in &c.rules {
+                r.len().hash(&mut h);
+                for a in r {
+                    attr(&mut h, a);
+                }
+            }
+        }
+    }
+    h.finish()
+}
+
+/// An attribute's netlink encoding, for [`fingerprint`].
+trait NlaBytes {
+    fn len(&self) -> usize;
+    fn put(&self, buf: &mut [u8]);
+}
+
+impl<T: Emitable> NlaBytes for T {
+    fn len(&self) -> usize {
+        self.buffer_len()
+    }
+    fn put(&self, buf: &mut [u8]) {
+        self.emit(buf)
     }
 }
 

@@ -8,14 +8,19 @@
 //! - nftables backend: the chains, hooks and rule counts `nft list table` reports, from an
 //!   nfnetlink dump.
 //! - iptables backend: the rule tools stay the judges (`iptables-save` and `iptables -C`,
-//!   the kernel's own semantic comparison), but they run only when the family's nf_tables
-//!   ruleset (where the nf_tables variant of iptables keeps its rules) differs from the
-//!   one read around their last verdict. An unchanged ruleset (same generation, same
-//!   tables, chains and rules, packet counters aside) gives the same verdict, so it is
-//!   reused ([`VerifyMemo`]). With the legacy variant (its rules are not in nf_tables) the
-//!   tools run every time.
+//!   the kernel's own semantic comparison), but they run only for a family's nf_tables
+//!   ruleset (where the nf_tables variant of iptables keeps its rules) that reads
+//!   differently from every ruleset they already judged against the same plan. The tools
+//!   read nothing but that ruleset, so the same rules (same tables, chains and rules,
+//!   handles and packet counters aside) get the same verdict in any namespace, at any
+//!   generation: it is reused ([`VerifyMemo`], one for all of a node's pods, so pods
+//!   enrolled with the same rules cost one run of the tools between them). With the
+//!   legacy variant (its rules are not in nf_tables) the tools run every time.
 //!
 //! Whenever an in-process read fails, the whole check falls back to [`InPod::verify`].
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
 
 use ambit_netns::NetnsFd;
 
@@ -32,14 +37,16 @@ use crate::netlink::{LO_DISABLE_IPV6, NetlinkItem};
 use crate::nft::pod_tables;
 use crate::runner::NetnsRunner;
 
-/// What the last run of the rule tools concluded for one pod, and the kernel state they
-/// saw. Keep one per pod (per namespace) and pass it to every [`InPod::verify_in`].
+/// Verdicts of the rule tools on pod rulesets, reusable for any pod whose ruleset reads
+/// the same (see the module docs). One can serve all of a node's pods (it locks itself
+/// for the moment of a lookup or an insertion, never while the tools run); at most
+/// [`VerifyMemo::CAPACITY`] verdicts are kept, the least recently used goes first.
 #[derive(Debug, Default)]
 pub struct VerifyMemo {
-    xtables: Vec<Verdict>,
+    xtables: Mutex<VecDeque<Verdict>>,
 }
 
-/// One family's verdict: valid while the plan and the ruleset are unchanged.
+/// One family's verdict on one ruleset, for one plan.
 #[derive(Debug)]
 struct Verdict {
     family: Family,
@@ -49,20 +56,43 @@ struct Verdict {
 }
 
 impl VerifyMemo {
-    /// How many families have a reusable verdict (for tests and logs).
+    /// Verdicts kept at most: distinct (plan, ruleset) pairs a node's pods show at once.
+    /// Pods enrolled alike share one per family; a pod whose rules differ from all others
+    /// (its app added rules of its own) needs one of its own to stay free.
+    pub const CAPACITY: usize = 2048;
+
+    /// How many verdicts are kept (for tests and logs).
     pub fn verdicts(&self) -> usize {
-        self.xtables.len()
+        self.lock().len()
     }
 
-    fn reuse(&self, family: Family, plan: &RuleSet, now: &Ruleset) -> Option<&[Finding]> {
-        self.xtables
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Verdict>> {
+        // A panic elsewhere cannot leave a half-made verdict: entries are pushed whole.
+        self.xtables.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The findings the tools gave for the same rules under the same plan, if any; the
+    /// verdict becomes the most recently used.
+    fn reuse(&self, family: Family, plan: &RuleSet, now: &Ruleset) -> Option<Vec<Finding>> {
+        let mut all = self.lock();
+        let i = all
             .iter()
-            .find(|v| v.family == family && v.plan == *plan && v.seen.same_state(now))
-            .map(|v| v.findings.as_slice())
+            .position(|v| v.family == family && v.seen.same_rules(now) && v.plan == *plan)?;
+        let v = all.remove(i)?;
+        let found = v.findings.clone();
+        all.push_front(v);
+        Some(found)
     }
 
-    fn forget(&mut self, family: Family) {
-        self.xtables.retain(|v| v.family != family);
+    fn remember(&self, verdict: Verdict) {
+        let mut all = self.lock();
+        all.retain(|v| {
+            !(v.family == verdict.family
+                && v.plan == verdict.plan
+                && v.seen.same_rules(&verdict.seen))
+        });
+        all.push_front(verdict);
+        all.truncate(Self::CAPACITY);
     }
 }
 
@@ -120,19 +150,19 @@ impl InPod {
     }
 
     /// [`Self::verify`] with in-process reads: same findings, in the same order; rule
-    /// tools run only for an iptables family whose ruleset changed since `memo` last saw
-    /// them judge it (see the module docs). `runner` must run in `netns`.
+    /// tools run only for an iptables family whose ruleset reads unlike every one `memo`
+    /// holds a verdict on for the same plan (see the module docs). `runner` must run in
+    /// `netns`.
     pub fn verify_in(
         &self,
         netns: &NetnsFd,
         runner: &dyn NetnsRunner,
-        memo: &mut VerifyMemo,
+        memo: &VerifyMemo,
     ) -> Result<VerifyReport, ApplyError> {
         let snap = match kernel::read_in(netns, || self.snapshot()) {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(error = %e, "in-process read failed; verifying with the rule tools");
-                *memo = VerifyMemo::default();
                 return self.verify(runner);
             }
         };
@@ -143,16 +173,15 @@ impl InPod {
                     let Some(family) = *family else { continue };
                     let plan = pod_rules(&self.config, family);
                     if let Some(found) = memo.reuse(family, &plan, seen) {
-                        f.extend_from_slice(found);
+                        f.extend(found);
                         continue;
                     }
-                    memo.forget(family);
                     let (found, nf_tables) = xtables::verify_full(runner, family, &plan)?;
                     // Reusable only if the tools judged nf_tables rules and nothing changed
                     // while they ran.
                     let after = kernel::read_in(netns, || Ruleset::read(nft_family(family)));
                     if nf_tables && after.is_ok_and(|a| a.same_state(seen)) {
-                        memo.xtables.push(Verdict {
+                        memo.remember(Verdict {
                             family,
                             plan,
                             seen: seen.clone(),
