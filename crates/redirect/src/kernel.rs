@@ -16,7 +16,7 @@ pub(crate) mod conntrack;
 pub mod guard;
 pub(crate) mod nft;
 pub(crate) mod rtnl;
-mod sock_diag;
+pub(crate) mod sock_diag;
 mod socket;
 pub mod watch;
 

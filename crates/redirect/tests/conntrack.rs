@@ -114,3 +114,36 @@ fn cleanup_keeps_ztunnels_own_flows_and_deletes_the_bypass() {
         drop((app, ztunnel));
     }
 }
+
+/// The agent's check that ztunnel listens in a pod reads the pod's listeners over
+/// `sock_diag`: exactly the listening ports of that namespace, both families, and neither
+/// its connected sockets nor a listener of another namespace.
+#[test]
+fn listening_ports_are_the_namespaces_listeners_only() {
+    if !root_or_skip("listening_ports_are_the_namespaces_listeners_only") {
+        return;
+    }
+    let pod = TestNs::new();
+    pod.sh(&["ip", "link", "set", "lo", "up"]);
+    let ns = NetnsFd::open(pod.path()).unwrap();
+    // Elsewhere (the test's own namespace): must not show.
+    let outside = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (v4, v6, client, server) = in_netns(&ns, || {
+        let v4 = TcpListener::bind("127.0.0.1:0").unwrap();
+        let v6 = TcpListener::bind("[::1]:0").unwrap();
+        let client = TcpStream::connect(v4.local_addr().unwrap()).unwrap();
+        let server = v4.accept().unwrap().0;
+        (v4, v6, client, server)
+    })
+    .unwrap();
+    let ports = in_netns(&ns, ambit_redirect::listening_tcp_ports)
+        .unwrap()
+        .unwrap();
+    let want: std::collections::HashSet<u16> = [v4.local_addr(), v6.local_addr()]
+        .into_iter()
+        .map(|a| a.unwrap().port())
+        .collect();
+    assert_eq!(ports, want, "client {client:?}, outside {outside:?}");
+    assert!(!ports.contains(&client.local_addr().unwrap().port()));
+    drop(server);
+}

@@ -20,23 +20,34 @@ use ambit_redirect::FdRunner;
 /// Ports ztunnel must listen on inside an enrolled pod's netns.
 pub const REQUIRED_PORTS: [u16; 3] = ambit_contract::ports::INPOD_LISTENERS;
 
-/// TCP ports in LISTEN state in `netns`, read from `/proc/thread-self/net/tcp{,6}` on a
-/// thread inside it (`/proc/net` would show the main thread's namespace).
+/// TCP ports in LISTEN state in `netns`, from a `sock_diag` dump of its listeners on a
+/// thread inside it; where that cannot be had (no `tcp_diag` in the kernel), from
+/// `/proc/thread-self/net/tcp{,6}` (`/proc/net` would show the main thread's namespace),
+/// which costs a walk of the host's whole established-connection hash per read.
 pub fn listening_ports(netns: &NetnsFd) -> std::io::Result<HashSet<u16>> {
-    run_in_netns_thread(netns, || {
-        let mut ports = HashSet::new();
-        for file in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
-            let text = match std::fs::read_to_string(file) {
-                Ok(t) => t,
-                // tcp6 is absent when IPv6 is disabled.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            ports.extend(parse_listeners(&text));
+    run_in_netns_thread(netns, || match ambit_redirect::listening_tcp_ports() {
+        Ok(ports) => Ok(ports),
+        Err(e) => {
+            tracing::debug!(error = %e, "sock_diag listener dump failed; reading /proc");
+            proc_listening_ports()
         }
-        Ok(ports)
     })
     .map_err(std::io::Error::other)?
+}
+
+/// [`listening_ports`] from `/proc`, on a thread already in the namespace.
+fn proc_listening_ports() -> std::io::Result<HashSet<u16>> {
+    let mut ports = HashSet::new();
+    for file in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
+        let text = match std::fs::read_to_string(file) {
+            Ok(t) => t,
+            // tcp6 is absent when IPv6 is disabled.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        ports.extend(parse_listeners(&text));
+    }
+    Ok(ports)
 }
 
 /// Local ports of LISTEN (`0A`) sockets in a `/proc/net/tcp` table.

@@ -1,7 +1,10 @@
 //! The TCP sockets of the calling thread's namespace and their socket marks (`sock_diag`,
 //! `NETLINK_SOCK_DIAG`), so the conntrack cleanup can tell ztunnel's own flows (its sockets
 //! carry [`ambit_contract::marks::INPOD_MARK`]) from the app's: conntrack does not record
-//! socket marks.
+//! socket marks. And the listening TCP ports, for the agent's check that ztunnel listens in
+//! a pod: a dump of listeners only walks the kernel's listening hash, where reading
+//! `/proc/net/tcp` in a namespace walks every bucket of the host-wide established hash (a
+//! cost that grows with the host, paid per pod per pass).
 //!
 //! The request and reply are fixed C structs (`struct inet_diag_req_v2`,
 //! `struct inet_diag_msg` in `linux/inet_diag.h`) followed, in the reply, by attributes; the
@@ -9,6 +12,7 @@
 //! of the rust-netlink family the workspace uses encodes `sock_diag`, so the two structs are
 //! written here (about forty lines), on top of the same bounded [`Netlink`] dump.
 
+use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_packet_core::{NetlinkDeserializable, NetlinkHeader, NetlinkSerializable};
@@ -24,13 +28,16 @@ const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 const IPPROTO_TCP: u8 = 6;
 /// Every TCP state but `TCP_LISTEN` (10): a listener is no flow.
-const STATES: u32 = 0xfff & !(1 << 10);
+const FLOWS: u32 = 0xfff & !LISTEN;
+/// `TCP_LISTEN` alone.
+const LISTEN: u32 = 1 << 10;
 /// `INET_DIAG_MARK`.
 const INET_DIAG_MARK: u16 = 15;
 /// `sizeof(struct inet_diag_req_v2)`, `sizeof(struct inet_diag_msg)`.
 const REQ_LEN: usize = 56;
 const MSG_LEN: usize = 72;
-/// Sockets one namespace's dump may hold (as many as conntrack entries the cleanup reads).
+/// Sockets one namespace's dump may hold (as many as conntrack entries the cleanup reads;
+/// listeners: one per port, and then some for `SO_REUSEPORT` groups).
 const MAX_SOCKETS: usize = 1 << 16;
 
 /// One TCP socket: its local and remote ends and its mark (`None`: not reported).
@@ -41,11 +48,12 @@ pub(crate) struct TcpSocket {
     pub(crate) mark: Option<u32>,
 }
 
-/// One `sock_diag` message: the request (`struct inet_diag_req_v2` for every TCP socket of
-/// one family) or a decoded reply (`struct inet_diag_msg` and its mark attribute).
+/// One `sock_diag` message: the request (`struct inet_diag_req_v2` for the TCP sockets of
+/// one family in the `states` bitmap) or a decoded reply (`struct inet_diag_msg` and its
+/// mark attribute).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Diag {
-    Request { family: u8 },
+    Request { family: u8, states: u32 },
     Reply(Option<TcpSocket>),
 }
 
@@ -60,11 +68,11 @@ impl NetlinkSerializable for Diag {
         }
     }
     fn serialize(&self, buf: &mut [u8]) {
-        if let Self::Request { family } = self {
+        if let Self::Request { family, states } = self {
             buf.fill(0);
             buf[0] = *family;
             buf[1] = IPPROTO_TCP;
-            buf[4..8].copy_from_slice(&STATES.to_ne_bytes());
+            buf[4..8].copy_from_slice(&states.to_ne_bytes());
         }
     }
 }
@@ -128,10 +136,23 @@ impl NetlinkDeserializable for Diag {
 
 /// Every TCP socket (both families, listeners left out) of the calling thread's namespace.
 pub(crate) fn tcp_sockets() -> Result<Vec<TcpSocket>, KernelError> {
+    dump(FLOWS, "sock_diag dump")
+}
+
+/// The local ports of the listening TCP sockets (both families) of the calling thread's
+/// namespace.
+pub fn listening_tcp_ports() -> Result<HashSet<u16>, KernelError> {
+    Ok(dump(LISTEN, "sock_diag listener dump")?
+        .into_iter()
+        .map(|s| s.local.1)
+        .collect())
+}
+
+fn dump(states: u32, what: &'static str) -> Result<Vec<TcpSocket>, KernelError> {
     let mut nl = Netlink::open(NETLINK_SOCK_DIAG)?;
     let mut out = Vec::new();
     for family in [AF_INET, AF_INET6] {
-        let replies = nl.dump_max("sock_diag dump", Diag::Request { family }, MAX_SOCKETS)?;
+        let replies = nl.dump_max(what, Diag::Request { family, states }, MAX_SOCKETS)?;
         out.extend(replies.into_iter().filter_map(|m| match m {
             Diag::Reply(s) => s,
             Diag::Request { .. } => None,
