@@ -55,8 +55,14 @@ struct ConfigureArgs {
     internal_ip: Option<std::net::IpAddr>,
     #[arg(long = "cluster-id", alias = "clusterID", default_value = "Kubernetes")]
     cluster_id: String,
+    /// The trust domain (empty: the mesh config's `trustDomain`, else the mesh's default).
     #[arg(long, default_value = "")]
     trust_domain: String,
+    /// Istio's mesh config (the `mesh` key of the `istio` ConfigMap), as istioctl reads it:
+    /// its `defaultConfig.proxyMetadata` goes into mesh.yaml under the generated keys, its
+    /// `trustDomain` is used when --trust-domain is empty.
+    #[arg(long)]
+    mesh_config: Option<PathBuf>,
     /// Capture the VM's DNS into ztunnel's DNS proxy.
     #[arg(long = "capture-dns", default_value_t = true, action = clap::ArgAction::Set)]
     capture_dns: bool,
@@ -185,6 +191,17 @@ fn configure(a: ConfigureArgs) -> anyhow::Result<()> {
     let group = parse_group(&path, &text)?;
     let root_cert_pem = std::fs::read_to_string(&a.root_cert)
         .with_context(|| format!("{}: the root certificate", a.root_cert.display()))?;
+    let mut a = a;
+    let mut proxy_metadata = Default::default();
+    if let Some(file) = &a.mesh_config {
+        let origin = format!("mesh config {}", file.display());
+        let text = std::fs::read_to_string(file).with_context(|| origin.clone())?;
+        let mesh = ambit_control::mesh_config::MeshConfig::parse(&origin, &text)?;
+        if a.trust_domain.is_empty() {
+            a.trust_domain = mesh.trust_domain.unwrap_or_default();
+        }
+        proxy_metadata = mesh.proxy_metadata;
+    }
     let token = new_token().context("a new token")?;
     let sa = match group.spec.template.service_account.as_str() {
         "" => "default",
@@ -208,6 +225,7 @@ fn configure(a: ConfigureArgs) -> anyhow::Result<()> {
             auto_register: a.autoregister,
             root_cert_pem,
             token: token.clone(),
+            proxy_metadata,
         },
     );
     // Checked the way `vm up` will read it before anything is written.

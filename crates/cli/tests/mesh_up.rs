@@ -624,3 +624,82 @@ fn vm_example_pod_and_vm_call_each_other() {
     );
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
+
+/// A `kind: MeshConfig` document in the manifests: its trust domain names every identity (the
+/// example's policy, rewritten to `example.org` principals, still admits `client`), a
+/// `rootNamespace` applied to the running mesh makes that namespace's selector-less DENY
+/// policy mesh-wide without a restart, and a trust domain change is refused.
+#[test]
+fn a_mesh_config_document_sets_trust_domain_and_root_namespace() {
+    if !ambit_netns::testing::netns_capable_or_skip(
+        "a_mesh_config_document_sets_trust_domain_and_root_namespace",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let manifests = tmp.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    for entry in std::fs::read_dir(example()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "yaml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            std::fs::write(
+                manifests.join(path.file_name().unwrap()),
+                text.replace("cluster.local/ns/", "example.org/ns/"),
+            )
+            .unwrap();
+        }
+    }
+    const MESH: &str = "apiVersion: install.istio.io/v1alpha1\nkind: MeshConfig\n\
+                        trustDomain: example.org\naccessLogFile: /dev/stdout\n";
+    std::fs::write(
+        manifests.join("mesh-config.yaml"),
+        format!(
+            "{MESH}---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: meshroot}}\n---\n\
+             apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\n\
+             metadata: {{name: deny-client, namespace: meshroot}}\n\
+             spec:\n  action: DENY\n  rules:\n  - from:\n    - source:\n        \
+             principals: [example.org/ns/demo/sa/client]\n"
+        ),
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let mut up = Up::start(&manifests, &run);
+    up.wait_ready();
+    let (prefix, pids) = recorded(&up.state());
+    let server_ip = pod_status(&run, "server").unwrap()["ip"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_example_traffic(&run, &server_ip);
+
+    // meshroot becomes the root namespace: its DENY policy now covers the server too.
+    let out = apply(&run, "apply", &format!("{MESH}rootNamespace: meshroot\n"));
+    assert!(out.status.success(), "{out:?}");
+    let direct = format!("http://{server_ip}:8080/");
+    eventually_get(&run, "client", &direct, false);
+
+    // Another trust domain is refused, and the mesh keeps running as it was.
+    let out = apply(
+        &run,
+        "apply",
+        "kind: MeshConfig\ntrustDomain: other.example\nrootNamespace: meshroot\n",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {out:?}");
+    assert!(err.contains("trust domain"), "{err}");
+    // Back to the default root namespace: the client is allowed again.
+    let out = apply(&run, "apply", MESH);
+    assert!(out.status.success(), "{out:?}");
+    eventually_get(&run, "client", &direct, true);
+
+    let out = ambit(&run, &["down"]);
+    assert!(out.status.success(), "{out:?}");
+    wait_exit(
+        &mut up.child,
+        Duration::from_secs(30),
+        "ambit up did not exit after down",
+    );
+    let left = leftovers(&prefix, &pids, &run);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}

@@ -17,7 +17,9 @@ use ambit_control::objects::{self, Kind, ObjectError, ObjectKey, ObjectSet, Orig
 use serde::Deserialize;
 use serde_norway::{Mapping, Value};
 
+pub mod mesh_config;
 pub mod vms;
+pub use mesh_config::MeshConfigDoc;
 pub use vms::VmPlan;
 
 /// The annotation the agent sets on enrolled pods.
@@ -78,6 +80,23 @@ pub enum ManifestError {
          (change the manifests and run `ambit up` again)"
     )]
     VmChange { origin: Origin },
+    #[error("{origin} (MeshConfig): {source}")]
+    BadMeshConfig {
+        origin: Origin,
+        #[source]
+        source: ambit_control::mesh_config::MeshConfigError,
+    },
+    #[error("{second}: a second MeshConfig (the first is {first}); the mesh has one")]
+    TwoMeshConfigs { first: Origin, second: Origin },
+    #[error(
+        "{origin}: the MeshConfig's trust domain {new:?} differs from the running mesh's \
+         {running:?} (change the manifests and run `ambit up` again)"
+    )]
+    TrustDomainChange {
+        origin: Origin,
+        running: String,
+        new: String,
+    },
 }
 
 /// One pod to create.
@@ -121,6 +140,7 @@ pub struct Manifests {
     set: ObjectSet,
     pods: Vec<PodPlan>,
     vms: Vec<VmPlan>,
+    mesh_config: Option<MeshConfigDoc>,
 }
 
 /// What an `apply` or `delete` changes, by object (`Kind namespace/name`).
@@ -177,14 +197,26 @@ impl Manifests {
     pub fn from_texts(texts: &[(String, String)]) -> Result<Self, ManifestError> {
         let mut docs = Vec::new();
         let mut vms = Vec::new();
+        let mut mesh: Option<MeshConfigDoc> = None;
         for (name, text) in texts {
-            let (objects, machines) = documents(name, text)?;
+            let (objects, side) = documents(name, text)?;
             docs.extend(objects);
-            for (origin, value) in machines {
-                vms.push(vms::parse(&origin, &value)?);
+            for (origin, value) in side {
+                if mesh_config::is_mesh_config(&value) {
+                    if let Some(first) = &mesh {
+                        return Err(ManifestError::TwoMeshConfigs {
+                            first: first.origin.clone(),
+                            second: origin,
+                        });
+                    }
+                    mesh = Some(mesh_config::parse(&origin, &value)?);
+                } else {
+                    vms.push(vms::parse(&origin, &value)?);
+                }
             }
         }
-        let m = Self::from_documents(docs, vms)?;
+        let mut m = Self::from_documents(docs, vms)?;
+        m.mesh_config = mesh;
         if m.pods.is_empty() {
             return Err(ManifestError::NoPods);
         }
@@ -212,6 +244,7 @@ impl Manifests {
             set,
             pods,
             vms,
+            mesh_config: None,
         })
     }
 
@@ -219,8 +252,8 @@ impl Manifests {
     /// with the same kind, namespace and name, or is added. The result is checked as a whole;
     /// on error nothing changes (`self` is untouched either way).
     pub fn apply(&self, file: &str, text: &str) -> Result<(Self, Change), ManifestError> {
-        let applied = objects_only(file, text)?;
-        if applied.is_empty() {
+        let (applied, mesh) = objects_only(file, text)?;
+        if applied.is_empty() && mesh.is_none() {
             return Err(ManifestError::NothingToApply {
                 file: file.to_owned(),
             });
@@ -241,14 +274,43 @@ impl Manifests {
                 }
             }
         }
-        Ok((Self::from_documents(docs, self.vms.clone())?, change))
+        let mut next = Self::from_documents(docs, self.vms.clone())?;
+        next.mesh_config = self.mesh_config.clone();
+        if let Some(doc) = mesh {
+            let running = MeshConfigDoc::trust_domain(self.mesh_config.as_ref()).to_owned();
+            let new = MeshConfigDoc::trust_domain(Some(&doc)).to_owned();
+            if running != new {
+                return Err(ManifestError::TrustDomainChange {
+                    origin: doc.origin,
+                    running,
+                    new,
+                });
+            }
+            let label = mesh_config::KIND.to_owned();
+            match &self.mesh_config {
+                Some(old) if old.config == doc.config && old.text == doc.text => {
+                    change.unchanged.push(label)
+                }
+                Some(_) => change.configured.push(label),
+                None => change.created.push(label),
+            }
+            next.mesh_config = Some(doc);
+        }
+        Ok((next, change))
     }
 
     /// `kubectl delete -f`: removes every object `text` names (by kind, namespace and name;
     /// the rest of each document is ignored). An object that does not exist is an error
     /// naming its document; the result is checked as a whole; on error nothing changes.
     pub fn delete(&self, file: &str, text: &str) -> Result<(Self, Change), ManifestError> {
-        let named = objects_only(file, text)?;
+        let (named, mesh) = objects_only(file, text)?;
+        if let Some(doc) = mesh {
+            // The mesh config stays for the life of the mesh (apply another one to change it).
+            return Err(ManifestError::NotFound {
+                origin: doc.origin,
+                object: "a deletable MeshConfig (apply a changed one instead)".into(),
+            });
+        }
         if named.is_empty() {
             return Err(ManifestError::NothingToApply {
                 file: file.to_owned(),
@@ -266,7 +328,9 @@ impl Manifests {
             docs.remove(pos);
             change.deleted.push(key_label(&doc.key));
         }
-        Ok((Self::from_documents(docs, self.vms.clone())?, change))
+        let mut next = Self::from_documents(docs, self.vms.clone())?;
+        next.mesh_config = self.mesh_config.clone();
+        Ok((next, change))
     }
 
     /// The pods, in manifest order.
@@ -277,6 +341,11 @@ impl Manifests {
     /// The VMs (`kind: VirtualMachine`), in manifest order.
     pub fn vms(&self) -> &[VmPlan] {
         &self.vms
+    }
+
+    /// The `kind: MeshConfig` document, if any.
+    pub fn mesh_config(&self) -> Option<&MeshConfigDoc> {
+        self.mesh_config.as_ref()
     }
 
     /// The text of the WorkloadGroup `namespace/name` as the user wrote it (what `ambit vm
@@ -355,18 +424,32 @@ fn key_label(key: &ObjectKey) -> String {
     }
 }
 
-/// [`documents`] of a change (`apply`, `delete`): VMs are fixed for the life of a mesh.
-fn objects_only(file: &str, text: &str) -> Result<Vec<Document>, ManifestError> {
-    let (docs, vms) = documents(file, text)?;
-    match vms.into_iter().next() {
-        Some((origin, _)) => Err(ManifestError::VmChange { origin }),
-        None => Ok(docs),
+/// [`documents`] of a change (`apply`, `delete`) and its MeshConfig, if any: VMs are fixed
+/// for the life of a mesh.
+fn objects_only(
+    file: &str,
+    text: &str,
+) -> Result<(Vec<Document>, Option<MeshConfigDoc>), ManifestError> {
+    let (docs, side) = documents(file, text)?;
+    let mut mesh: Option<MeshConfigDoc> = None;
+    for (origin, value) in side {
+        if !mesh_config::is_mesh_config(&value) {
+            return Err(ManifestError::VmChange { origin });
+        }
+        if let Some(first) = &mesh {
+            return Err(ManifestError::TwoMeshConfigs {
+                first: first.origin.clone(),
+                second: origin,
+            });
+        }
+        mesh = Some(mesh_config::parse(&origin, &value)?);
     }
+    Ok((docs, mesh))
 }
 
-/// The VirtualMachine documents of `text` taken out: the text the object loader reads (each
-/// VM document an empty one, so the others keep their numbers) and the VMs with their
-/// origins. A text that does not parse is returned unchanged for the loader to report.
+/// The VirtualMachine and MeshConfig documents of `text` taken out: the text the object
+/// loader reads (each such document an empty one, so the others keep their numbers) and the
+/// documents taken out with their origins. A text that does not parse is returned unchanged for the loader to report.
 fn split_vms(file: &str, text: &str) -> (Option<String>, Vec<(Origin, Value)>) {
     let mut values = Vec::new();
     for doc in serde_norway::Deserializer::from_str(text) {
@@ -375,14 +458,15 @@ fn split_vms(file: &str, text: &str) -> (Option<String>, Vec<(Origin, Value)>) {
             Err(_) => return (None, Vec::new()),
         }
     }
-    if !values.iter().any(vms::is_vm) {
+    let side = |v: &Value| vms::is_vm(v) || mesh_config::is_mesh_config(v);
+    if !values.iter().any(side) {
         return (None, Vec::new());
     }
     let mut rest = String::new();
     let mut found = Vec::new();
     for (i, value) in values.into_iter().enumerate() {
         rest.push_str("---\n");
-        if vms::is_vm(&value) {
+        if side(&value) {
             let origin = Origin {
                 file: file.to_owned(),
                 document: i + 1,
@@ -402,7 +486,7 @@ fn split_vms(file: &str, text: &str) -> (Option<String>, Vec<(Origin, Value)>) {
 
 /// The non-empty documents of one file, each with its key, after the loader's checks (so
 /// YAML errors, unknown kinds and duplicates inside the file name the file and document),
-/// and its VirtualMachine documents apart.
+/// and its VirtualMachine and MeshConfig documents apart.
 #[allow(clippy::type_complexity)]
 fn documents(
     file: &str,

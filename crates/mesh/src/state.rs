@@ -54,6 +54,11 @@ impl RunDir {
     pub fn tokens(&self) -> PathBuf {
         self.root.join("tokens.yaml")
     }
+    /// The `kind: MeshConfig` document for `ambit control --mesh-config` (outside the
+    /// manifests directory: it is not an object).
+    pub fn mesh_config(&self) -> PathBuf {
+        self.root.join("mesh-config.yaml")
+    }
     pub fn logs(&self) -> PathBuf {
         self.root.join("logs")
     }

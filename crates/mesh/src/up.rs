@@ -346,6 +346,8 @@ impl Mesh {
             .arg(self.run.control())
             .arg("--tokens")
             .arg(self.run.tokens())
+            .arg("--mesh-config")
+            .arg(self.run.mesh_config())
             .arg("--hostname")
             .arg(CONTROL_HOSTNAME);
         self.spawn(cmd, Role::Control, "control.log")?;
@@ -693,6 +695,13 @@ impl Mesh {
     /// Rewrites what the control plane and the agents read: like the API server, the files
     /// keep the enrolment annotation, so a restarted agent rebuilds its snapshot from them.
     pub(crate) fn write_manifests(&self) -> Result<(), UpError> {
+        // Always written, so a MeshConfig applied later reaches the running control plane.
+        let path = self.run.mesh_config();
+        let text = match self.manifests.mesh_config() {
+            Some(doc) => doc.text.clone(),
+            None => "# no kind: MeshConfig in the manifests: the control plane's defaults\n".into(),
+        };
+        write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
         let path = self.run.manifests().join("mesh.yaml");
         let text = self.manifests.render(&self.pod_status, None);
         write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;

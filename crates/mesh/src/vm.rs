@@ -5,7 +5,7 @@
 //! 1. a token for the WorkloadGroup's service account goes into the control plane's token
 //!    file before it starts (what `ambit vm configure --tokens` does);
 //! 2. once the control plane's CA exists, the bundle `ambit vm configure --autoregister`
-//!    would write (cluster.env, mesh.yaml, hosts, root-cert.pem, istio-token) goes into
+//!    would write (with the `kind: MeshConfig` document's trust domain and proxyMetadata) (cluster.env, mesh.yaml, hosts, root-cert.pem, istio-token) goes into
 //!    `RUN/vms/vm.NAME.NAMESPACE/bundle/`, with the control plane's name in `hosts` and the
 //!    VM's address as `ISTIO_SVC_IP`;
 //! 3. `ambit vm up BUNDLE` runs inside the VM's namespace: host-level redirection and a
@@ -25,9 +25,6 @@ use ambit_topology::Topology;
 use crate::state::{Role, VmState};
 use crate::up::{CONTROL_HOSTNAME, Mesh, UpError, io_err, random_token};
 
-/// The mesh's trust domain (the control plane's default).
-const TRUST_DOMAIN: &str = "cluster.local";
-
 /// Why a VM could not be started (inside [`UpError::Vm`]).
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -44,6 +41,9 @@ pub enum VmError {
 impl Mesh {
     /// Records every VM of the manifests with its namespace and address in the topology.
     pub(crate) fn plan_vms(&mut self, topo: &Topology) -> Result<(), UpError> {
+        // The mesh's trust domain: its MeshConfig's, else the control plane's default.
+        let trust_domain =
+            crate::manifests::MeshConfigDoc::trust_domain(self.manifests.mesh_config()).to_owned();
         for plan in self.manifests.vms() {
             let Some(node) = topo.get_node(&plan.topology_name) else {
                 continue;
@@ -57,7 +57,7 @@ impl Mesh {
                 ip: node.ip(),
                 netns: node.netns().path(),
                 identity: format!(
-                    "spiffe://{TRUST_DOMAIN}/ns/{}/sa/{}",
+                    "spiffe://{trust_domain}/ns/{}/sa/{}",
                     plan.namespace, plan.service_account
                 ),
                 argv: plan.argv.clone(),
@@ -172,6 +172,7 @@ impl Mesh {
             .state
             .control_address
             .map_or(ambit_contract::ports::CONTROL_PLANE, |a| a.port());
+        let mesh = self.manifests.mesh_config();
         let files = ambit_vm::configure::render(
             &group,
             &ambit_vm::configure::Options {
@@ -179,11 +180,17 @@ impl Mesh {
                 ingress_ip: Some(control),
                 internal_ip: Some(IpAddr::V4(vm.ip)),
                 cluster_id: "Kubernetes".into(),
-                trust_domain: String::new(),
+                // Empty: the default, as before any MeshConfig; else the MeshConfig's.
+                trust_domain: mesh
+                    .and_then(|m| m.config.trust_domain.clone())
+                    .unwrap_or_default(),
                 capture_dns: self.cfg.dns_capture,
                 auto_register: true,
                 root_cert_pem,
                 token,
+                proxy_metadata: mesh
+                    .map(|m| m.config.proxy_metadata.clone())
+                    .unwrap_or_default(),
             },
         );
         files.write(dir).map_err(configure)

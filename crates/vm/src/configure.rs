@@ -123,6 +123,9 @@ pub struct Options {
     pub root_cert_pem: String,
     /// The bearer token for the group's service account.
     pub token: String,
+    /// The mesh config's `defaultConfig.proxyMetadata`: into mesh.yaml's proxyMetadata under
+    /// the generated keys (which win, as istioctl merges them), not into cluster.env.
+    pub proxy_metadata: BTreeMap<String, String>,
 }
 
 /// The five files, by name.
@@ -234,10 +237,16 @@ pub fn render(g: &WorkloadGroup, o: &Options) -> Files {
         .map(|(k, v)| format!("{k}={}\n", shell_quote(v)))
         .collect();
 
+    let mut mesh_md: BTreeMap<&str, String> = o
+        .proxy_metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    mesh_md.extend(md);
     let mesh = serde_json::json!({
         "defaultConfig": {
             "discoveryAddress": o.ca_address,
-            "proxyMetadata": md,
+            "proxyMetadata": mesh_md,
         }
     });
     let mesh_yaml = serde_norway::to_string(&mesh).unwrap_or_default();

@@ -23,6 +23,7 @@ fn options() -> Options {
             .root_pem()
             .to_owned(),
         token: "vm-token-0123456789".into(),
+        proxy_metadata: Default::default(),
     }
 }
 
@@ -91,6 +92,27 @@ fn configured_bundles_read_back() {
                 assert_eq!(b.identity.namespace, "default");
                 assert_eq!(b.identity.service_account, "default");
                 assert_eq!(b.labels["note"], "it's");
+            },
+        ),
+        (
+            "the mesh config's proxyMetadata fills what is not generated; generated keys win",
+            "kind: WorkloadGroup\nmetadata: {name: m, namespace: n}\nspec:\n  template: {serviceAccount: sa}\n",
+            |o| {
+                o.capture_dns = false;
+                o.proxy_metadata = [
+                    ("ISTIO_META_DNS_CAPTURE", "true"),
+                    ("SERVICE_ACCOUNT", "impostor"),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            },
+            |b| {
+                assert!(
+                    b.redirect.as_ref().unwrap().dns_capture,
+                    "ISTIO_META_DNS_CAPTURE from the mesh config"
+                );
+                assert_eq!(b.identity.service_account, "sa");
             },
         ),
     ];
