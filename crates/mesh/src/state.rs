@@ -88,6 +88,7 @@ impl RunDir {
             self.manifests(),
             self.control(),
             self.tokens(),
+            self.mesh_config(),
             self.root.join("nodes"),
             self.root.join("pods"),
             self.root.join("vms"),
