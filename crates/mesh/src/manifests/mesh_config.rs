@@ -76,15 +76,17 @@ mod tests {
         Manifests::from_texts(&texts)
     }
 
+    /// (case, files, Ok(trust domain, root namespace) or the error's parts)
+    type Case = (
+        &'static str,
+        Vec<(&'static str, String)>,
+        Result<(&'static str, Option<&'static str>), &'static [&'static str]>,
+    );
+
     #[test]
     fn at_most_one_good_mesh_config() {
         let mesh = |body: &str| format!("{PODS}---\nkind: MeshConfig\n{body}");
-        // (case, files, Ok(trust domain, root namespace) or the error's parts)
-        let cases: Vec<(
-            &str,
-            Vec<(&str, String)>,
-            Result<(&str, Option<&str>), &[&str]>,
-        )> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "none",
                 vec![("a.yaml", PODS.into())],
