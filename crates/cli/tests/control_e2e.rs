@@ -14,6 +14,8 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ambit_testkit::eventually_blocking_every;
+
 use ambit_topology::Topology;
 use mesh::{APP_PORT, Proc, connect_from, eventually_blocking, exchange};
 
@@ -159,23 +161,22 @@ impl ControlMesh {
         }
         for pod in ["client", "server"] {
             let ns = m.topo.pod(pod).netns();
-            let deadline = Instant::now() + SECS;
-            loop {
-                let ready = mesh::http_get(
-                    ns,
-                    SocketAddr::from(([127, 0, 0, 1], 15021)),
-                    "/healthz/ready",
-                );
-                if matches!(ready, Some((200, _))) {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{pod} ztunnel not ready: {ready:?}\n{}",
-                    m.logs()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            eventually_blocking_every(
+                &format!("{pod}'s ztunnel ready"),
+                SECS,
+                Duration::from_millis(50),
+                || m.logs(),
+                || {
+                    matches!(
+                        mesh::http_get(
+                            ns,
+                            SocketAddr::from(([127, 0, 0, 1], 15021)),
+                            "/healthz/ready",
+                        ),
+                        Some((200, _))
+                    )
+                },
+            );
         }
         m.start_app();
         m

@@ -15,7 +15,9 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ambit_testkit::eventually_blocking_every;
 
 use ambit_netns::{SocketFactory, SocketOptions};
 use ambit_topology::Topology;
@@ -95,15 +97,13 @@ impl Cluster {
     }
 
     fn wait_ready(&self, what: &str, ns: &str, port: u16, path: &str) {
-        let deadline = Instant::now() + SECS;
-        while !self.ready(ns, port, path) {
-            assert!(
-                Instant::now() < deadline,
-                "{what} not ready\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        eventually_blocking_every(
+            &format!("{what} ready"),
+            SECS,
+            Duration::from_millis(50),
+            || self.logs(),
+            || self.ready(ns, port, path),
+        );
     }
 
     fn ztunnel_env(&self, node: &str) -> Vec<(&'static str, String)> {

@@ -32,9 +32,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use ambit_testkit::eventually_blocking_explained;
 use base64::Engine as _;
 use kubelet::pod::Image;
-use kubelet::{Cluster, PODS, connect_from, counter, eventually, exchange, http_get};
+use kubelet::{Cluster, PODS, connect_from, counter, exchange, http_get};
 use serde_json::{Value, json};
 
 const AMBIT: &str = env!("CARGO_BIN_EXE_ambit");
@@ -366,7 +367,7 @@ fn scenario(name: &str, objects: Vec<Value>, image: &Image) {
     for node in ["node1", "node2"] {
         let n = c.node(node);
         let installed = n.path("/opt/cni/bin/istio-cni");
-        eventually(
+        eventually_blocking_explained(
             &format!("{name}: istio-cni on {node}"),
             SECS,
             || c.logs(),
@@ -402,7 +403,7 @@ fn scenario(name: &str, objects: Vec<Value>, image: &Image) {
         .run_pod(0, app_pod("client", "node1"))
         .unwrap_or_else(|e| panic!("{name}: client sandbox: {e}\n{}", c.logs()));
     for pod in ["server", "client"] {
-        eventually(
+        eventually_blocking_explained(
             &format!("{name}: {pod} enrolled"),
             SECS,
             || c.logs(),
@@ -416,7 +417,7 @@ fn scenario(name: &str, objects: Vec<Value>, image: &Image) {
     c.serve_echo(server, APP_PORT);
     let server_addr = SocketAddr::from((c.pods[server].ip, APP_PORT));
     let client_ip = c.pods[client].ip;
-    let reply = eventually(
+    let reply = eventually_blocking_explained(
         &format!("{name}: client → server"),
         SECS,
         || c.logs(),

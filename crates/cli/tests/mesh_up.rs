@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use ambit_testkit::eventually_blocking_every;
+
 #[path = "support/embedded.rs"]
 mod embedded;
 use embedded::*;
@@ -480,21 +482,18 @@ fn a_killed_component_is_restarted() {
     up.wait_line("ztunnel/node2 exited", Duration::from_secs(10));
     let line = up.wait_line("ztunnel/node2 restarted", Duration::from_secs(10));
     assert!(line.contains("restart 1"), "{line}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n = node2(&status_json(&run));
-        if n["ztunnel"]["ready"] == true && n["ztunnel"]["running"] == true {
-            assert_eq!(n["ztunnel"]["restarts"], 1, "{n}");
-            assert_eq!(n["agent"]["restarts"], 0, "{n}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ztunnel not back: {n}\n{}",
-            logs(&run)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let n = eventually_blocking_every(
+        "ztunnel/node2 back, ready",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || format!("{}\n{}", node2(&status_json(&run)), logs(&run)),
+        || {
+            let n = node2(&status_json(&run));
+            (n["ztunnel"]["ready"] == true && n["ztunnel"]["running"] == true).then_some(n)
+        },
+    );
+    assert_eq!(n["ztunnel"]["restarts"], 1, "{n}");
+    assert_eq!(n["agent"]["restarts"], 0, "{n}");
     assert_ne!(component_pid(&run, "ztunnel", "node2"), killed);
     assert!(!alive(killed));
     eventually_get(&run, "client", &server, true);
@@ -559,15 +558,13 @@ fn vm_example_pod_and_vm_call_each_other() {
             .any(|l| needles.iter().all(|n| l.contains(n)))
     };
     let wait_log = |file: &str, needles: &[&str]| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !log_has(file, needles) {
-            assert!(
-                Instant::now() < deadline,
-                "no line of {file} holds {needles:?}\n{}",
-                logs(&run)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        eventually_blocking_every(
+            &format!("a line of {file} holding {needles:?}"),
+            Duration::from_secs(20),
+            Duration::from_millis(100),
+            || logs(&run),
+            || log_has(file, needles),
+        )
     };
 
     // Pod → VM by service name, over HBONE to the VM's own ztunnel.

@@ -369,15 +369,13 @@ impl VmMesh {
 
     /// Polls `f` until it holds, for [`SECS`]; on timeout panics with every process's log.
     fn wait(&self, what: &str, f: impl Fn() -> bool) {
-        let deadline = std::time::Instant::now() + SECS;
-        while !f() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out after {SECS:?} waiting for {what}\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        ambit_testkit::eventually_blocking_every(
+            what,
+            SECS,
+            Duration::from_millis(50),
+            || self.logs(),
+            f,
+        );
     }
 
     /// Whether a line of `name`'s log holds every needle.

@@ -158,13 +158,10 @@ fn hung_plugins_are_killed_at_their_deadline() {
         }
         let pids = plugin_pids(dir.path());
         assert_eq!(pids.len(), 2, "{what}: the plugin and its sleep ran");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while pids.iter().any(|p| alive(*p)) {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: plugin processes {pids:?} still alive"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        ambit_testkit::eventually_blocking(
+            &format!("{what}: plugin processes {pids:?} to be gone"),
+            Duration::from_secs(5),
+            || !pids.iter().any(|p| alive(*p)),
+        );
     }
 }

@@ -12,7 +12,9 @@
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ambit_testkit::eventually_blocking_every;
 
 use ambit_contract::marks;
 use ambit_netns::{NetnsFd, in_netns};
@@ -82,16 +84,13 @@ fn cleanup_keeps_ztunnels_own_flows_and_deletes_the_bypass() {
         };
         pod.sh(flush);
         let to = |p: u16| format!("10.250.8.2:{p}").parse::<SocketAddr>().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let app = loop {
-            match connect(&pod_fd, to(app_port), false) {
-                Ok(s) => break s,
-                Err(e) => {
-                    assert!(Instant::now() < deadline, "{backend:?}: no path: {e}");
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            }
-        };
+        let app = eventually_blocking_every(
+            &format!("{backend:?}: a path to the app"),
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || format!("{:?}", connect(&pod_fd, to(app_port), false).err()),
+            || connect(&pod_fd, to(app_port), false).ok(),
+        );
         let ztunnel = connect(&pod_fd, to(passthrough_port), true).unwrap();
         let _accepted: Vec<_> = listeners.iter().map(|l| l.accept().unwrap()).collect();
         assert_eq!(entries_to(&pod, app_port).len(), 1, "{backend:?}");

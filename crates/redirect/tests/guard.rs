@@ -13,12 +13,13 @@
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ambit_contract::marks;
 use ambit_netns::{NetnsFd, in_netns};
 use ambit_redirect::InPod;
 use ambit_redirect::config::{Backend, PodRedirectConfig};
+use ambit_testkit::eventually_blocking;
 
 #[path = "support/testns.rs"]
 mod testns;
@@ -41,14 +42,8 @@ fn connects(ns: &NetnsFd, to: SocketAddr, marked: bool) -> bool {
     .is_ok()
 }
 
-/// Polls `f` until it holds, failing with `what` after 5 s.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !f() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+/// How long the kernel may take to show a rule change.
+const SETTLE: Duration = Duration::from_secs(5);
 
 /// A pod and a peer joined by a veth, the peer listening on [`PEER`] and on the probe
 /// address, ztunnel's outbound capture listener bound in the pod.
@@ -95,7 +90,9 @@ impl Pair {
                 .unwrap(),
         );
         // The veth needs a moment for carrier.
-        eventually("no path for ztunnel", || connects(&pod_fd, peer_addr, true));
+        eventually_blocking("no path for ztunnel", SETTLE, || {
+            connects(&pod_fd, peer_addr, true)
+        });
         Self {
             pod,
             pod_fd,
@@ -168,7 +165,7 @@ fn flushed_rules_fail_closed_only_with_the_guard() {
                 g.remove_standby().unwrap();
             }
             drop(guard);
-            eventually(&format!("{ctx}: guard left after drop"), || {
+            eventually_blocking(&format!("{ctx}: guard left after drop"), SETTLE, || {
                 !p.pod
                     .listing(&["nft", "list", "tables"])
                     .contains("ambit-guard")
@@ -204,9 +201,11 @@ fn standby_guard_keeps_the_pod_closed_while_the_agent_is_down() {
 
         // The agent exits: the kernel removes the owned table with its socket.
         drop(guard);
-        eventually(&format!("{ctx}: owned table left after its owner"), || {
-            p.table("ambit-guard").is_empty()
-        });
+        eventually_blocking(
+            &format!("{ctx}: owned table left after its owner"),
+            SETTLE,
+            || p.table("ambit-guard").is_empty(),
+        );
         p.pod.sh(flush);
         assert_eq!(
             !connects(&p.pod_fd, p.peer_addr, false),
@@ -263,7 +262,7 @@ fn standby_guard_keeps_the_pod_closed_while_the_agent_is_down() {
         inpod.delete(&p.pod.runner()).unwrap();
         guard.remove_standby().unwrap();
         drop(guard);
-        eventually(&format!("{ctx}: something of ours left"), || {
+        eventually_blocking(&format!("{ctx}: something of ours left"), SETTLE, || {
             let all = p.pod.listing(&["nft", "list", "ruleset"]).to_lowercase();
             !all.contains("ambit") && !all.contains("istio")
         });

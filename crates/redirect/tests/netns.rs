@@ -561,14 +561,11 @@ fn ipv6_is_fenced_when_enrolment_is_ipv4_only() {
             .unwrap()
             .unwrap();
         // The veth needs a moment for carrier: poll with a deadline.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !connect(&pod_fd, remote) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{backend:?}: no IPv6 path before enrolment"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        ambit_testkit::eventually_blocking(
+            &format!("{backend:?}: an IPv6 path before enrolment"),
+            Duration::from_secs(5),
+            || connect(&pod_fd, remote),
+        );
 
         let inpod = InPod::new(
             backend,

@@ -13,7 +13,7 @@
 mod testns;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ambit_netns::{NetnsFd, NetnsSocketFactory, SocketFactory, SocketOptions, in_netns};
 use ambit_redirect::VmRules;
@@ -139,16 +139,15 @@ impl Listeners {
             while l.accept().is_ok() {}
         }
         let _stream = connect().unwrap_or_else(|e| panic!("{what}: connect: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            for (port, l) in &self.0 {
-                if l.accept().is_ok() {
-                    return *port;
-                }
-            }
-            assert!(Instant::now() < deadline, "{what}: no listener accepted");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        ambit_testkit::eventually_blocking(
+            &format!("{what}: a listener to accept"),
+            Duration::from_secs(2),
+            || {
+                self.0
+                    .iter()
+                    .find_map(|(port, l)| l.accept().is_ok().then_some(*port))
+            },
+        )
     }
 }
 
@@ -189,11 +188,11 @@ fn vm_rules_capture_what_the_bundle_says() {
         let vm_addr = |p: u16| -> SocketAddr { format!("10.77.1.1:{p}").parse().unwrap() };
         let peer_addr = |p: u16| -> SocketAddr { format!("10.77.1.2:{p}").parse().unwrap() };
         // Carrier takes a moment: poll the plain path with a deadline.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while connect_from(&peer_fd, vm_addr(22), None).is_err() {
-            assert!(Instant::now() < deadline, "{backend:?}: no path to the VM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        ambit_testkit::eventually_blocking(
+            &format!("{backend:?}: a path to the VM"),
+            Duration::from_secs(5),
+            || connect_from(&peer_fd, vm_addr(22), None).is_ok(),
+        );
 
         let rules = VmRules {
             backend,

@@ -6,7 +6,9 @@
 //! deadline passes (design §5: poll with a deadline, never sleep to wait). The condition
 //! returns `bool` or `Option<T>` (the value is handed back). [`eventually_async`] takes a
 //! condition that must await (an HTTP probe), [`eventually_blocking`] serves synchronous
-//! tests and threads outside a runtime.
+//! tests and threads outside a runtime; [`eventually_blocking_explained`] adds what the
+//! failure should show (the processes' logs), and [`eventually_blocking_every`] polls less
+//! often a condition that is costly to check (one that starts a process).
 
 #![forbid(unsafe_code)]
 
@@ -43,6 +45,10 @@ impl<T> Outcome for Option<T> {
 
 fn timed_out(what: &str, deadline: Duration) -> ! {
     panic!("timed out after {deadline:?} waiting for {what}")
+}
+
+fn timed_out_explained(what: &str, deadline: Duration, explain: String) -> ! {
+    panic!("timed out after {deadline:?} waiting for {what}\n{explain}")
 }
 
 /// Polls `f` every [`POLL_INTERVAL`] until it holds; panics naming `what` once `deadline`
@@ -82,6 +88,39 @@ where
 pub fn eventually_blocking<O: Outcome>(
     what: &str,
     deadline: Duration,
+    f: impl FnMut() -> O,
+) -> O::Value {
+    blocking(what, deadline, POLL_INTERVAL, None::<fn() -> String>, f)
+}
+
+/// [`eventually_blocking`] that adds `explain()` (logs, state) to the failure message; it is
+/// called only when the deadline has passed.
+pub fn eventually_blocking_explained<O: Outcome>(
+    what: &str,
+    deadline: Duration,
+    explain: impl FnOnce() -> String,
+    f: impl FnMut() -> O,
+) -> O::Value {
+    blocking(what, deadline, POLL_INTERVAL, Some(explain), f)
+}
+
+/// [`eventually_blocking_explained`] polling every `every`, for a condition that is costly
+/// to check (it starts a process or opens a connection).
+pub fn eventually_blocking_every<O: Outcome>(
+    what: &str,
+    deadline: Duration,
+    every: Duration,
+    explain: impl FnOnce() -> String,
+    f: impl FnMut() -> O,
+) -> O::Value {
+    blocking(what, deadline, every, Some(explain), f)
+}
+
+fn blocking<O: Outcome>(
+    what: &str,
+    deadline: Duration,
+    every: Duration,
+    explain: Option<impl FnOnce() -> String>,
     mut f: impl FnMut() -> O,
 ) -> O::Value {
     let end = Instant::now() + deadline;
@@ -91,9 +130,12 @@ pub fn eventually_blocking<O: Outcome>(
             return v;
         }
         if last {
-            timed_out(what, deadline);
+            match explain {
+                Some(explain) => timed_out_explained(what, deadline, explain()),
+                None => timed_out(what, deadline),
+            }
         }
-        std::thread::sleep(POLL_INTERVAL.min(end.saturating_duration_since(Instant::now())));
+        std::thread::sleep(every.min(end.saturating_duration_since(Instant::now())));
     }
 }
 
@@ -128,5 +170,48 @@ mod tests {
     #[should_panic(expected = "waiting for the impossible")]
     fn blocking_panics_naming_what_did_not_happen() {
         eventually_blocking("the impossible", Duration::from_millis(50), || false);
+    }
+
+    #[test]
+    #[should_panic(expected = "waiting for the impossible\nthe logs say why")]
+    fn explained_panics_with_the_explanation() {
+        eventually_blocking_explained(
+            "the impossible",
+            Duration::from_millis(50),
+            || "the logs say why".to_string(),
+            || false,
+        );
+    }
+
+    #[test]
+    fn every_sets_the_poll_interval() {
+        let polls = Cell::new(0);
+        let started = Instant::now();
+        eventually_blocking_every(
+            "three polls",
+            Duration::from_secs(5),
+            Duration::from_millis(30),
+            String::new,
+            || {
+                polls.set(polls.get() + 1);
+                polls.get() == 3
+            },
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(60),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn the_explanation_is_built_only_on_failure() {
+        let v = eventually_blocking_explained(
+            "a value",
+            Duration::from_secs(5),
+            || panic!("explained although the condition held"),
+            || Some(1),
+        );
+        assert_eq!(v, 1);
     }
 }

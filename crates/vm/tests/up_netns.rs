@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use ambit_netns::{NetnsFd, in_netns};
 use ambit_redirect::vm::{self, VmRedirectConfig};
 use ambit_redirect::{Backend, CurrentNetns, IpNetnsExec, VmRules};
+use ambit_testkit::eventually_blocking;
 use ambit_vm::up::{self, Config, UpError};
 
 const VM_IP: &str = "192.168.77.1";
@@ -237,16 +238,11 @@ impl Drop for Running {
     }
 }
 
+/// How long a VM start may take to write its rules and mark.
+const UP: Duration = Duration::from_secs(20);
+
 /// ztunnel's stand-in: answers `GET /healthz/ready` with 200 on 127.0.0.1:15021.
 const READY_SERVER: &str = "import http.server as h\nclass R(h.BaseHTTPRequestHandler):\n  def do_GET(self):\n    self.send_response(200); self.end_headers()\n  def log_message(self, *a): pass\nh.HTTPServer(('127.0.0.1', 15021), R).serve_forever()\n";
-
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Every failed start: the error says why, SSH answers throughout, no rule is left (a crashed
 /// run's stale rules included).
@@ -333,7 +329,7 @@ fn up_captures_once_ready_and_stop_removes_every_rule() {
     v.bundle(&ca.to_string(), "");
     assert!(v.answers(22) && v.answers(8080), "before");
     let running = v.up(v.config(&[PYTHON, "-c", READY_SERVER], Duration::from_secs(20)));
-    eventually("VM rules written", || v.rules_present());
+    eventually_blocking("VM rules written", UP, || v.rules_present());
     assert!(v.answers(22), "SSH while up");
     // 8080 is captured to 15006, where the stand-in does not listen: no echo.
     assert!(!v.answers(8080), "8080 not captured while up");
@@ -342,7 +338,7 @@ fn up_captures_once_ready_and_stop_removes_every_rule() {
         "pid file for vm down"
     );
     let ready = v.dir.path().join("run").join(up::READY_FILE);
-    eventually("the ready mark", || ready.exists());
+    eventually_blocking("the ready mark", UP, || ready.exists());
     assert!(v.rules_present(), "ready marked before the rules");
     running.stop().unwrap();
     assert!(!ready.exists(), "ready mark left after stop");

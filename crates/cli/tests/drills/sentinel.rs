@@ -99,20 +99,14 @@ impl Sentinel {
             });
         }
         let sentinel = Sentinel { captures, packets };
-        let deadline = Instant::now() + Duration::from_secs(20);
         for c in &sentinel.captures {
-            loop {
-                let lines = c.stderr.lock().expect("stderr").clone();
-                if lines.iter().any(|l| l.starts_with("listening on")) {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "capture on {} did not start: {lines:?}",
-                    c.point
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            let lines = || c.stderr.lock().expect("stderr").clone();
+            ambit_testkit::eventually_blocking_explained(
+                &format!("the capture on {} to start", c.point),
+                Duration::from_secs(20),
+                || format!("{:?}", lines()),
+                || lines().iter().any(|l| l.starts_with("listening on")),
+            );
         }
         sentinel
     }

@@ -212,20 +212,19 @@ pub fn get(run: &Path, pod: &str, url: &str) -> String {
 }
 
 pub fn eventually_get(run: &Path, pod: &str, url: &str, want_ok: bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = get(run, pod, url);
-        if (got == "200") == want_ok {
-            return got;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{pod} → {url}: got {got:?}, wanted {}\n{}",
-            if want_ok { "200" } else { "an error" },
-            logs(run)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    ambit_testkit::eventually_blocking_every(
+        &format!(
+            "{pod} → {url} to answer {}",
+            if want_ok { "200" } else { "an error" }
+        ),
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || format!("last answer {:?}\n{}", get(run, pod, url), logs(run)),
+        || {
+            let got = get(run, pod, url);
+            ((got == "200") == want_ok).then_some(got)
+        },
+    )
 }
 
 /// `ambit apply|delete -f -` with `text` on stdin.

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use ambit_kubeapi::testing::{FakeApiServer, TokenIdentity};
 use ambit_netns::{NetnsFd, NetnsSocketFactory, SocketFactory, SocketOptions};
+use ambit_testkit::eventually_blocking_explained;
 use ambit_topology::Topology;
 use serde_json::{Value, json};
 
@@ -42,27 +43,6 @@ const SANDBOX_RETRY: Duration = Duration::from_secs(20);
 const SANDBOX_BACKOFF: Duration = Duration::from_millis(500);
 /// The audience of tokens without one (the API server's own).
 pub const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
-
-/// Polls `f` until it returns `Some`, failing with `what` (and `context()`) after `timeout`.
-pub fn eventually<T>(
-    what: &str,
-    timeout: Duration,
-    context: impl Fn() -> String,
-    mut f: impl FnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// The API collection of a kind, for the kinds the test cluster serves.
 pub fn collection(kind: &str) -> Option<&'static str> {
@@ -499,7 +479,7 @@ impl Cluster {
             };
             let path = probe["path"].as_str().unwrap_or("/");
             let addr = SocketAddr::from((pod.ip, port));
-            eventually(
+            eventually_blocking_explained(
                 &format!("{}/{} ready ({path} on {port})", pod.namespace, pod.name),
                 Duration::from_secs(60),
                 || self.logs(),
