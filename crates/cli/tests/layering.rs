@@ -102,14 +102,19 @@ struct Workspace {
     roots: BTreeMap<String, Vec<PathBuf>>,
 }
 
-fn workspace() -> Workspace {
-    let m = metadata();
-    let members: BTreeSet<&str> = m["workspace_members"]
+/// The ids of the workspace's packages.
+fn members(m: &Value) -> BTreeSet<&str> {
+    m["workspace_members"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| v.as_str().unwrap())
-        .collect();
+        .collect()
+}
+
+fn workspace() -> Workspace {
+    let m = metadata();
+    let members = members(&m);
     let mut ids = BTreeMap::new();
     let mut ws = Workspace {
         declared: BTreeMap::new(),
@@ -325,12 +330,7 @@ fn names_test_support(text: &str, krate: &str) -> bool {
 fn every_user_of_test_support_turns_the_feature_on() {
     let m = metadata();
     let packages = m["packages"].as_array().unwrap();
-    let members: BTreeSet<&str> = m["workspace_members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let members = members(&m);
     let ws: Vec<&Value> = packages
         .iter()
         .filter(|p| members.contains(p["id"].as_str().unwrap()))
