@@ -296,30 +296,44 @@ pub fn new_token() -> std::io::Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
+/// Why a tokens file could not take another entry.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    /// The file is not YAML, or the result could not be written as YAML.
+    #[error(transparent)]
+    Yaml(#[from] serde_norway::Error),
+    /// The document is not a mapping.
+    #[error("not a mapping with a tokens list")]
+    NotAMapping,
+    /// `tokens` is there but not a list.
+    #[error("tokens is not a list")]
+    NotAList,
+}
+
 /// `tokens.yaml` of `ambit control --tokens` with an entry for `token` as `identity` added
 /// (an existing entry for the same token is replaced). Comments are not kept.
-pub fn add_token(tokens_yaml: &str, token: &str, identity: &str) -> Result<String, String> {
+pub fn add_token(tokens_yaml: &str, token: &str, identity: &str) -> Result<String, TokensError> {
     use serde_norway::{Mapping, Value};
     let mut doc: Value = if tokens_yaml.trim().is_empty() {
         Value::Mapping(Mapping::new())
     } else {
-        serde_norway::from_str(tokens_yaml).map_err(|e| e.to_string())?
+        serde_norway::from_str(tokens_yaml)?
     };
     let Value::Mapping(map) = &mut doc else {
-        return Err("not a mapping with a tokens list".into());
+        return Err(TokensError::NotAMapping);
     };
     let list = map
         .entry(Value::from("tokens"))
         .or_insert_with(|| Value::Sequence(Vec::new()));
     let Value::Sequence(list) = list else {
-        return Err("tokens is not a list".into());
+        return Err(TokensError::NotAList);
     };
     list.retain(|e| e.get("token").and_then(Value::as_str) != Some(token));
     let mut entry = Mapping::new();
     entry.insert("token".into(), token.into());
     entry.insert("identity".into(), identity.into());
     list.push(Value::Mapping(entry));
-    serde_norway::to_string(&doc).map_err(|e| e.to_string())
+    Ok(serde_norway::to_string(&doc)?)
 }
 
 #[cfg(test)]
@@ -355,8 +369,18 @@ mod tests {
                 Some("spiffe://cluster.local/ns/bar/sa/vm")
             );
         }
-        assert!(add_token("tokens: 3\n", "t", "i").is_err());
-        assert!(add_token("[1]\n", "t", "i").is_err());
+        assert!(matches!(
+            add_token("tokens: 3\n", "t", "i"),
+            Err(TokensError::NotAList)
+        ));
+        assert!(matches!(
+            add_token("[1]\n", "t", "i"),
+            Err(TokensError::NotAMapping)
+        ));
+        assert!(matches!(
+            add_token("a: [\n", "t", "i"),
+            Err(TokensError::Yaml(_))
+        ));
     }
 
     #[test]
