@@ -3,10 +3,12 @@
 //! sandboxes of running pods ([`sandboxes`], the CRI client; its Unix transport is how it is
 //! tested against a fake runtime), capturing the pods that already run ([`running`]: CRI,
 //! then HNS, then the two `L4WFPPROXY` policies on every endpoint, platform-neutral over
-//! traits), and on Windows the HCN calls behind those traits and one pod's capture and
-//! release (`enrol`).
+//! traits), the node agent's loop that ties them to the pod watch, ZDS and the annotations
+//! ([`daemon`], platform-neutral over traits), and on Windows the HCN calls behind those
+//! traits and one pod's capture and release (`enrol`).
 
 pub mod cri;
+pub mod daemon;
 #[cfg(windows)]
 pub mod enrol;
 pub mod running;
