@@ -14,9 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
 
-// The API-server source and the upgrade-or-uninstall lookup belong to the Linux daemon (the
-// Windows binary has no agent role yet, docs/windows.md).
-#[cfg(unix)]
+// The API-server source serves both agents; the upgrade-or-uninstall lookup is the Linux
+// daemon's (the Windows agent removes nothing at shutdown).
 pub mod kube;
 #[cfg(unix)]
 pub mod kube_daemonset;

@@ -7,6 +7,9 @@
 //! ([`daemon`], platform-neutral over traits), and on Windows the HCN calls behind those
 //! traits and one pod's capture and release (`enrol`).
 
+#[cfg(windows)]
+pub mod agent;
+pub mod config;
 pub mod cri;
 pub mod daemon;
 #[cfg(windows)]

@@ -4,9 +4,10 @@
 //! hands a typed configuration to its library. Invoked as `istio-cni` (the name container
 //! runtimes call CNI plugins by) it is the CNI plugin.
 //!
-//! On Windows the binary has the roles a Windows node runs: `ztunnel` and `wait-enrolled`
-//! (docs/windows.md); the embedded mesh, the Linux CNI agent, installer and plugin and the
-//! control plane are Linux's (the variants and modules marked `cfg(unix)`).
+//! On Windows the binary has the roles a Windows node runs: `ztunnel`, `cni-agent` (its own
+//! module, `agent_windows.rs`) and `wait-enrolled` (docs/windows.md); the embedded mesh, the
+//! CNI installer and plugin and the control plane are Linux's (the variants and modules
+//! marked `cfg(unix)`).
 
 #![forbid(unsafe_code)]
 
@@ -21,7 +22,11 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+// The node agent: one module per platform.
 #[cfg(unix)]
+mod agent;
+#[cfg(windows)]
+#[path = "agent_windows.rs"]
 mod agent;
 #[cfg(unix)]
 mod config_dumps;
@@ -68,9 +73,8 @@ enum Command {
     /// Certificate authority files for `ambit control`.
     #[command(after_help = "Example:\n  ambit ca init ./ca")]
     Ca(control::CaArgs),
-    #[cfg(unix)]
     /// Run the CNI node agent (drop-in for the istio-cni ambient agent; same environment
-    /// variables).
+    /// variables). On Windows: pods from the Kubernetes API, captured through HNS.
     CniAgent(agent::Args),
     #[cfg(unix)]
     /// Run the CNI node agent as upstream's istio-cni chart does (its `install-cni` command):
@@ -195,7 +199,6 @@ fn main() -> ExitCode {
         Command::Control(args) => control::main(args),
         #[cfg(unix)]
         Command::Ca(args) => control::ca(args),
-        #[cfg(unix)]
         Command::CniAgent(args) => agent::main(args),
         #[cfg(unix)]
         Command::CniPlugin => plugin::main(),

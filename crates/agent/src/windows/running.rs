@@ -19,7 +19,7 @@ use ambit_redirect::hns::{
 };
 
 use super::HnsPodNamespace as PodNamespace;
-use super::sandboxes::{CriClient, CriError, Skipped};
+use super::sandboxes::{CriClient, CriError, Lookup, Skipped};
 
 /// Reads an HNS namespace (`HcnOpenNamespace` + `HcnQueryNamespaceProperties` on Windows).
 pub trait NamespaceLookup {
@@ -113,6 +113,18 @@ pub async fn capture_running<L: NamespaceLookup>(
     wanted: &BTreeSet<String>,
 ) -> Result<Outcomes<L::Error>, CriError> {
     let lookup = cri.pod_namespaces(wanted).await?;
+    Ok(capture_found(&lookup, hns, eps, cfg, wanted))
+}
+
+/// [`capture_running`] after the runtime answered: HNS and the policies for each pod of
+/// `wanted` that `lookup` found (no await, so a caller's future holds no HNS reference).
+pub fn capture_found<L: NamespaceLookup>(
+    lookup: &Lookup,
+    hns: &L,
+    eps: &dyn HnsEndpoints,
+    cfg: &WfpPolicyConfig,
+    wanted: &BTreeSet<String>,
+) -> Outcomes<L::Error> {
     let mut skipped: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for Skipped {
         uid,
@@ -154,5 +166,5 @@ pub async fn capture_running<L: NamespaceLookup>(
         };
         outcomes.insert(uid.clone(), outcome);
     }
-    Ok(outcomes)
+    outcomes
 }
