@@ -3,7 +3,9 @@
 //! properties a Windows node needs, checked on the parsed objects: every workload of the
 //! Linux manifests pinned to `kubernetes.io/os: linux` and every Windows one to `windows`;
 //! ztunnel a HostProcess container running as `NT AUTHORITY\SYSTEM` (the policies' exempt
-//! SID) on the pipe the agent serves, without `SO_REUSEPORT`; the hold snippet's init
+//! SID) on the pipe the agent serves, without `SO_REUSEPORT`; the agent a SYSTEM HostProcess
+//! container too, creating that pipe, with the Linux agent's service account and enablement
+//! settings, its environment parsing as the Windows agent's configuration; the hold snippet's init
 //! container running `ambit wait-enrolled` on a downward-API file of the pod's annotations
 //! before any application container; the Windows ztunnel with the Linux one's service
 //! account, istio-ca token and root bundle; the image holding `ambit.exe` where each
@@ -134,25 +136,39 @@ fn every_workload_is_pinned_to_its_os() {
     }
 }
 
-#[test]
-fn windows_ztunnel_is_a_system_host_process_on_the_agents_pipe() {
-    let objects = windows_objects();
-    let ds: Vec<_> = objects
+/// The Windows DaemonSets by the role they run (`ambit.exe ROLE`).
+fn daemonsets(objects: &[Value]) -> Vec<(&Value, String)> {
+    objects
         .iter()
         .filter(|o| o["kind"] == "DaemonSet")
-        .collect();
-    assert!(!ds.is_empty(), "no Windows DaemonSet");
-    for o in ds {
+        .map(|o| {
+            let command = &pod_spec(o)["containers"][0]["command"];
+            (o, command[1].as_str().unwrap_or_default().to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn every_windows_daemonset_is_a_system_host_process() {
+    let objects = windows_objects();
+    let ds = daemonsets(&objects);
+    let roles: Vec<&str> = ds.iter().map(|(_, role)| role.as_str()).collect();
+    assert_eq!(
+        roles,
+        ["cni-agent", "ztunnel"],
+        "one agent and one ztunnel per node"
+    );
+    for (o, _) in ds {
         let spec = pod_spec(o);
         let what = name(o);
         assert_eq!(spec["hostNetwork"], true, "{what}");
         let windows = &spec["securityContext"]["windowsOptions"];
         assert_eq!(windows["hostProcess"], true, "{what}");
-        // The policies exempt this user's connections (spec/windows.md §3.4).
+        // The policies exempt this user's connections (spec/windows.md §3.4); the ZDS pipe
+        // admits only SYSTEM and Administrators.
         assert_eq!(windows["runAsUserName"], "NT AUTHORITY\\SYSTEM", "{what}");
         assert_eq!(spec["priorityClassName"], "system-node-critical", "{what}");
-        let c = &spec["containers"][0];
-        let command: Vec<&str> = c["command"]
+        let command: Vec<&str> = spec["containers"][0]["command"]
             .as_array()
             .expect("command")
             .iter()
@@ -162,7 +178,96 @@ fn windows_ztunnel_is_a_system_host_process_on_the_agents_pipe() {
             command[0].starts_with("%CONTAINER_SANDBOX_MOUNT_POINT%"),
             "{what}: a HostProcess image is mounted there: {command:?}"
         );
-        assert_eq!(command[1..], ["ztunnel"], "{what}");
+        assert_eq!(command.len(), 2, "{what}: {command:?}");
+    }
+}
+
+#[test]
+fn the_windows_agent_serves_ztunnels_pipe_with_the_linux_agents_identity_and_config() {
+    let windows = windows_objects();
+    let ds = daemonsets(&windows);
+    let agent = ds.iter().find(|(_, r)| r == "cni-agent").expect("agent").0;
+    let ztunnel = ds.iter().find(|(_, r)| r == "ztunnel").expect("ztunnel").0;
+    let spec = pod_spec(agent);
+    let c = &spec["containers"][0];
+    // The pipe the agent creates is the one ztunnel connects to.
+    let pipe = env(c, "ZTUNNEL_UDS_ADDRESS");
+    assert_eq!(pipe, Some(ambit_contract::windows::ZDS_PIPE));
+    assert_eq!(pipe, env(&pod_spec(ztunnel)["containers"][0], "INPOD_UDS"));
+    assert_eq!(
+        env(c, "AMBIT_CRI_ENDPOINT"),
+        Some(ambit_contract::windows::CRI_PIPE)
+    );
+    let field = |key: &str| {
+        let e = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == key);
+        e.map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].clone())
+    };
+    assert_eq!(field("NODE_NAME"), Some("spec.nodeName".into()));
+
+    // The Linux agent's service account (bound to the ambit-cni ClusterRole: pods and
+    // namespaces list/watch, pods/status patch) and its enablement settings.
+    let linux = objects(&yaml_files(&deploy()));
+    let linux_agent = linux
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "istio-cni-node")
+        .expect("Linux agent");
+    assert_eq!(
+        spec["serviceAccountName"],
+        pod_spec(linux_agent)["serviceAccountName"]
+    );
+    let binding = linux
+        .iter()
+        .find(|o| o["kind"] == "ClusterRoleBinding" && o["metadata"]["name"] == "ambit-cni")
+        .expect("ambit-cni binding");
+    assert_eq!(binding["subjects"][0]["name"], spec["serviceAccountName"]);
+    let config = linux
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "istio-cni-config")
+        .expect("istio-cni-config");
+
+    // The environment the container gets parses as the Windows agent's configuration.
+    let mut vars = vec![("NODE_NAME".to_owned(), "win-1".to_owned())];
+    for e in c["env"].as_array().unwrap() {
+        let key = e["name"].as_str().unwrap().to_owned();
+        let value = if let Some(v) = e["value"].as_str() {
+            v.to_owned()
+        } else if let Some(k) = e["valueFrom"]["configMapKeyRef"]["key"].as_str() {
+            assert_eq!(
+                e["valueFrom"]["configMapKeyRef"]["name"],
+                "istio-cni-config"
+            );
+            config["data"][k]
+                .as_str()
+                .unwrap_or_else(|| panic!("{k} not in the config"))
+                .to_owned()
+        } else {
+            continue;
+        };
+        vars.push((key, value));
+    }
+    let cfg = ambit_agent::windows::config::WindowsAgentConfig::from_vars(&vars)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.enablement.exclude_namespaces, ["kube-system"]);
+    assert_eq!(cfg.enablement.selectors.len(), 2);
+}
+
+#[test]
+fn windows_ztunnel_is_on_the_agents_pipe() {
+    let objects = windows_objects();
+    let ds: Vec<_> = daemonsets(&objects)
+        .into_iter()
+        .filter(|(_, role)| role == "ztunnel")
+        .map(|(o, _)| o)
+        .collect();
+    assert!(!ds.is_empty(), "no Windows ztunnel DaemonSet");
+    for o in ds {
+        let spec = pod_spec(o);
+        let what = name(o);
+        let c = &spec["containers"][0];
         assert_eq!(
             env(c, "INPOD_UDS"),
             Some(ambit_contract::windows::ZDS_PIPE),
