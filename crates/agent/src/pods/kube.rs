@@ -358,7 +358,8 @@ fn decode<T: for<'de> Deserialize<'de>>(what: &'static str, object: &Value) -> O
     }
 }
 
-#[cfg(test)]
+// Against the fake API server, on Linux (the Wine step runs the Windows parts only).
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
     use ambit_kubeapi::testing::FakeApiServer;
