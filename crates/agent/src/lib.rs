@@ -19,7 +19,7 @@
 //! | `testing` | `FakeZtunnel`, a real ZDS peer for tests of this and other crates (feature `testing`, dev-dependencies only) |
 //! | [`platform`] | the platform switch: what a pod's namespace is and how ZDS carries it |
 //! | [`hold`] | the init container that holds a new Windows pod until it is captured |
-//! | `windows` | Windows nodes: the CRI client and its sandbox info, HNS namespaces, `L4WFPPROXY` policies |
+//! | `windows` | Windows nodes: the CRI client and its sandbox info, HNS namespaces, `L4WFPPROXY` policies, the node agent's loop (`windows::daemon`) and, on Windows, the agent itself (`windows::agent`) |
 //!
 //! On Windows only `enrol`, `pods`, `zds`, `platform`, `hold` and `windows` are
 //! built (`windows` is on every platform: what it parses is tested on Linux); the rest (rules run in a netns, `/proc` discovery, the plugin's Unix socket, the
