@@ -209,6 +209,9 @@ impl NamespaceLookup for FakeHns {
     fn namespace(&self, guid: Guid) -> Result<HnsNamespace, NotFound> {
         self.namespaces.get(&guid).cloned().ok_or(NotFound)
     }
+    fn is_gone(&self, _: &NotFound) -> bool {
+        true
+    }
 }
 
 impl HnsEndpoints for FakeHns {

@@ -12,9 +12,9 @@ use tokio::sync::watch;
 
 use super::HnsPodNamespace;
 use super::config::WindowsAgentConfig;
-use super::daemon::{self, Backoff, Captures, Daemon, Node, Workload, Ztunnel};
+use super::daemon::{self, Backoff, Captures, Check, Daemon, Node, Workload, Ztunnel};
 use super::enrol::{self, HcnNamespaces, WindowsEnrolError};
-use super::running::{self, RunningError};
+use super::running::{self, RunningError, VerifyError};
 use super::sandboxes::{CriClient, CriError};
 use crate::pods::kube::{KubePodSource, KubeSetupError, client_from_environment_in};
 use crate::zds::{ZdsConfig, ZdsError, ZdsPod, ZdsServer};
@@ -48,6 +48,9 @@ pub enum NodeError {
     /// Removing the policies.
     #[error(transparent)]
     Release(#[from] WindowsEnrolError),
+    /// Re-checking an enrolled pod's namespace and policies.
+    #[error(transparent)]
+    Verify(#[from] VerifyError<HcnError>),
 }
 
 /// The runtime (connected on first use, again after a failure), HNS and the HCN policies.
@@ -100,6 +103,11 @@ impl Node for CriNode {
         enrol::release(&found)?;
         Ok(())
     }
+
+    fn verify(&mut self, ns: &HnsPodNamespace) -> Check<NodeError> {
+        running::verify_namespace(&HcnNamespaces, &HcnEndpoints, ns.guid, &self.policy)
+            .map_err(NodeError::from)
+    }
 }
 
 impl Ztunnel for ZdsServer {
@@ -137,7 +145,7 @@ pub async fn run(
         let shutdown = shutdown.clone();
         tokio::spawn(async move { zds.serve(listener, shutdown).await })
     };
-    tracing::info!(pipe = %cfg.zds_pipe.display(), cri = %cfg.cri_endpoint.display(), node = %cfg.node_name, "Windows node agent running");
+    tracing::info!(pipe = %cfg.zds_pipe.display(), cri = %cfg.cri_endpoint.display(), node = %cfg.node_name, verify_interval = ?cfg.verify_interval, "Windows node agent running");
     let node = CriNode::new(cfg.cri_endpoint.clone(), cfg.policy.clone());
     let d = Daemon::new(
         node,
@@ -145,7 +153,8 @@ pub async fn run(
         source,
         cfg.enablement.clone(),
         Backoff::default(),
-    );
+    )
+    .with_verification(cfg.verify_interval);
     let result = daemon::run(d, zds.snapshots(), shutdown).await;
     serve.abort();
     let _ = serve.await;

@@ -5,11 +5,16 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use ambit_contract::values::parse_duration;
 use ambit_contract::windows::{CRI_PIPE, ZDS_PIPE};
 use ambit_redirect::hns::WfpPolicyConfig;
 
 use crate::enrol::{Enablement, parse_selectors};
+
+/// The verification period when `AMBIT_VERIFY_INTERVAL` is unset (the Linux agent's).
+pub const DEFAULT_VERIFY_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Where a HostProcess container's projected service-account files are, under its sandbox
 /// mount point (`CONTAINER_SANDBOX_MOUNT_POINT`, `spec/windows.md` §1.1).
@@ -32,6 +37,10 @@ pub struct WindowsAgentConfig {
     /// The in-cluster service-account directory (under `CONTAINER_SANDBOX_MOUNT_POINT` in a
     /// HostProcess container).
     pub service_account_dir: PathBuf,
+    /// `AMBIT_VERIFY_INTERVAL` (as on Linux: Go duration or bare seconds, default 10 s, `0`
+    /// = `None`, no verification passes): how often every enrolled pod's endpoints and
+    /// policies are re-checked and repaired.
+    pub verify_interval: Option<Duration>,
 }
 
 /// One bad variable.
@@ -116,6 +125,16 @@ impl WindowsAgentConfig {
             Some(root) => Path::new(&root).join(SERVICE_ACCOUNT_SUBDIR),
             None => PathBuf::from(ambit_kubeapi::SERVICE_ACCOUNT_DIR),
         };
+        let verify_interval = match get("AMBIT_VERIFY_INTERVAL") {
+            None => Some(DEFAULT_VERIFY_INTERVAL),
+            Some(v) => match parse_duration(&v) {
+                Ok(d) => (!d.is_zero()).then_some(d),
+                Err(e) => {
+                    fail("AMBIT_VERIFY_INTERVAL", &v, e.to_string());
+                    None
+                }
+            },
+        };
         let cfg = Self {
             node_name,
             zds_pipe: PathBuf::from(get("ZTUNNEL_UDS_ADDRESS").unwrap_or_else(|| ZDS_PIPE.into())),
@@ -127,6 +146,7 @@ impl WindowsAgentConfig {
                 system_namespace: get("SYSTEM_NAMESPACE").unwrap_or_else(|| "istio-system".into()),
             },
             service_account_dir,
+            verify_interval,
         };
         if bad.is_empty() {
             Ok(cfg)
@@ -159,6 +179,7 @@ mod tests {
         assert_eq!(cfg.policy, WfpPolicyConfig::default());
         assert_eq!(cfg.enablement.system_namespace, "istio-system");
         assert!(!cfg.enablement.selectors.is_empty());
+        assert_eq!(cfg.verify_interval, Some(Duration::from_secs(10)));
         assert_eq!(
             cfg.service_account_dir,
             Path::new(r"C:\C\abc").join(SERVICE_ACCOUNT_SUBDIR)
@@ -188,11 +209,31 @@ mod tests {
     }
 
     #[test]
+    fn the_verification_period_is_the_linux_agents_variable() {
+        let cases = [
+            ("250ms", Some(Duration::from_millis(250))),
+            ("1m30s", Some(Duration::from_secs(90))),
+            ("7", Some(Duration::from_secs(7))),
+            ("0", None),
+            ("0s", None),
+        ];
+        for (value, want) in cases {
+            let cfg = WindowsAgentConfig::from_vars(&vars(&[
+                ("NODE_NAME", "win-1"),
+                ("AMBIT_VERIFY_INTERVAL", value),
+            ]))
+            .unwrap();
+            assert_eq!(cfg.verify_interval, want, "{value}");
+        }
+    }
+
+    #[test]
     fn every_bad_variable_is_reported_at_once() {
         let err = WindowsAgentConfig::from_vars(&vars(&[
             ("HOST_PROBE_SNAT_IP", "fe80::1"),
             ("AMBIENT_ENABLEMENT_SELECTOR", "[{podSelector: 3}]"),
             ("AMBIT_CRI_ENDPOINT", "/run/containerd/containerd.sock"),
+            ("AMBIT_VERIFY_INTERVAL", "10 parsecs"),
         ]))
         .unwrap_err();
         let vars: Vec<&str> = err.0.iter().map(|b| b.var).collect();
@@ -202,9 +243,10 @@ mod tests {
                 "NODE_NAME",
                 "HOST_PROBE_SNAT_IP",
                 "AMBIENT_ENABLEMENT_SELECTOR",
-                "AMBIT_CRI_ENDPOINT"
+                "AMBIT_CRI_ENDPOINT",
+                "AMBIT_VERIFY_INTERVAL"
             ]
         );
-        assert_eq!(err.to_string().lines().count(), 4, "{err}");
+        assert_eq!(err.to_string().lines().count(), 5, "{err}");
     }
 }

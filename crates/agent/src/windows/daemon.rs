@@ -23,20 +23,37 @@
 //! server's cache, which this loop keeps true (an `Add` caches the pod, a `Del` forgets
 //! it); pods whose `Add` failed are retried at once, without waiting for their backoff.
 //!
+//! Verification (beyond upstream, whose reconcile is off on Windows): every
+//! `AMBIT_VERIFY_INTERVAL` (the Linux agent's variable and default, 10 s; `0` turns it off)
+//! a pass re-checks every enrolled pod ([`Node::verify`]): HNS is asked again for the pod's
+//! namespace, its endpoints and their policies, and only an endpoint that differs from the
+//! plan is written to (policies added to an endpoint that lacks them, e.g. one that joined
+//! the namespace, replaced where their settings differ). Each repair is logged naming the
+//! pod and the endpoint and counted ([`Daemon::verification`]); a pod whose namespace
+//! vanished (its sandbox went or was re-created) is captured again from the runtime; a pod
+//! HNS would not answer for, or that could not be repaired, is counted unprotected and
+//! checked again on the next pass. The pass checks one pod per [`Daemon::step`] after the
+//! step's captures, so a new pod waits for at most one pod's check; the next pass is due one
+//! interval after the previous one ended.
+//!
 //! Platform-neutral: the runtime, HNS and policies are behind [`Node`], ztunnel behind
 //! [`Ztunnel`], the pods and annotations behind [`PodSource`]; the Windows build implements
 //! them with the CRI client, the HCN calls and the ZDS server (`super::node`), the tests here
 //! with fakes. The loop is a state machine driven with explicit instants ([`Daemon::handle`],
 //! [`Daemon::step`], [`Daemon::next_due`]); [`run`] is the thin async shell around it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::time::Duration;
+
+use ambit_netns::guid::Guid;
+use ambit_redirect::hns::EndpointOutcome;
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 
 use super::HnsPodNamespace as PodNamespace;
+pub use super::running::Check;
 use crate::enrol::Enablement;
 use crate::pods::{ENABLED, PENDING, Pod, PodEvent, PodSource};
 
@@ -55,6 +72,10 @@ pub trait Node: Send {
     ) -> impl Future<Output = Result<Captures<Self::Error>, Self::Error>> + Send;
     /// Takes the policies off the namespace's endpoints; a namespace that is gone is done.
     fn release(&mut self, ns: &PodNamespace) -> Result<(), Self::Error>;
+    /// Re-reads an enrolled pod's namespace (its endpoints now) and each endpoint's
+    /// policies, and repairs per endpoint what differs from the plan, writing nothing to an
+    /// endpoint that is as planned (`super::running::verify_namespace`).
+    fn verify(&mut self, ns: &PodNamespace) -> Check<Self::Error>;
 }
 
 /// One enrolled pod as ztunnel is told about it.
@@ -136,6 +157,86 @@ pub struct PodStatus {
     pub last_error: Option<String>,
 }
 
+/// What a verification pass repaired on one pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepairKind {
+    /// The endpoint had no `L4WFPPROXY` policy (it joined the namespace after the capture,
+    /// or lost them out of band): both were added.
+    PoliciesAdded,
+    /// The endpoint's `L4WFPPROXY` policies were not the planned ones: replaced.
+    PoliciesReplaced,
+    /// The pod's namespace is gone: the pod is captured again from the runtime.
+    Recapture,
+}
+
+/// One repair of a verification pass, as logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repair {
+    /// `namespace/name`.
+    pub pod: String,
+    /// Its HNS namespace (as enrolled).
+    pub namespace: Guid,
+    /// The endpoint repaired (none for a re-capture).
+    pub endpoint: Option<Guid>,
+    /// What was done.
+    pub kind: RepairKind,
+}
+
+impl std::fmt::Display for Repair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (pod, ns) = (&self.pod, self.namespace);
+        match (self.kind, self.endpoint) {
+            (RepairKind::Recapture, _) | (_, None) => write!(
+                f,
+                "pod {pod}: HNS namespace {ns} is gone; capturing the pod again"
+            ),
+            (RepairKind::PoliciesAdded, Some(ep)) => write!(
+                f,
+                "pod {pod}: endpoint {ep} of HNS namespace {ns} had no L4WFPPROXY policies; added"
+            ),
+            (RepairKind::PoliciesReplaced, Some(ep)) => write!(
+                f,
+                "pod {pod}: endpoint {ep} of HNS namespace {ns} had other L4WFPPROXY policies; replaced"
+            ),
+        }
+    }
+}
+
+/// The verification counters, named for the metrics the Linux agent exports with the same
+/// meaning (`crate::daemon::metrics`), for a later exporter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VerifyCounters {
+    /// Passes completed.
+    pub passes: u64,
+    /// `ambit_pod_repairs_total`: repairs made by verification, one per endpoint whose
+    /// policies were re-applied and one per pod captured again because its namespace was
+    /// gone (Linux: one per pod whose rules were re-applied or whose ztunnel was re-added).
+    pub repairs: u64,
+    /// `ambit_enrolled_unprotected_pods`: enrolled pods that were not protected after the
+    /// last completed pass and its repairs (HNS did not answer, a repair failed, or the
+    /// namespace was gone).
+    pub unprotected: u64,
+}
+
+/// What the last completed pass found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// The repairs, in the order made.
+    pub repairs: Vec<Repair>,
+    /// Per pod UID left unprotected, why (naming the pod).
+    pub unprotected: BTreeMap<String, String>,
+}
+
+/// A verification pass in progress.
+#[derive(Debug)]
+struct Pass {
+    /// When it was due (what [`Daemon::next_due`] reports while pods are left).
+    due: Instant,
+    /// The enrolled pods still to check.
+    queue: VecDeque<String>,
+    report: PassReport,
+}
+
 #[derive(Debug, Clone)]
 enum State {
     /// Capture (runtime, HNS, policies, `Add`) due at `due`; `applied` is the namespace the
@@ -184,6 +285,13 @@ pub struct Daemon<N, Z, S> {
     tracked: BTreeMap<String, Tracked>,
     releases: BTreeMap<String, Release>,
     synced: bool,
+    /// The verification period (`None`: no passes).
+    verify_interval: Option<Duration>,
+    /// When the next pass starts (set once synced, and when a pass ends).
+    next_pass: Option<Instant>,
+    pass: Option<Pass>,
+    counters: VerifyCounters,
+    last_pass: PassReport,
 }
 
 fn key(pod: &Pod) -> String {
@@ -204,7 +312,29 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
             tracked: BTreeMap::new(),
             releases: BTreeMap::new(),
             synced: false,
+            verify_interval: None,
+            next_pass: None,
+            pass: None,
+            counters: VerifyCounters::default(),
+            last_pass: PassReport::default(),
         }
+    }
+
+    /// Verifies every enrolled pod each `interval` (`None`: never), the first pass one
+    /// interval after the source's initial sync.
+    pub fn with_verification(mut self, interval: Option<Duration>) -> Self {
+        self.verify_interval = interval;
+        self
+    }
+
+    /// The verification counters.
+    pub fn verification(&self) -> VerifyCounters {
+        self.counters
+    }
+
+    /// What the last completed verification pass repaired and left unprotected.
+    pub fn last_pass(&self) -> &PassReport {
+        &self.last_pass
     }
 
     /// Every pod in flight or enrolled, by UID.
@@ -242,7 +372,11 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
         }
         let tracked = self.tracked.values().filter_map(|t| t.due);
         let releases = self.releases.values().map(|r| r.due);
-        tracked.chain(releases).min()
+        let pass = match &self.pass {
+            Some(p) => Some(p.due),
+            None => self.next_pass,
+        };
+        tracked.chain(releases).chain(pass).min()
     }
 
     fn wanted(&self, pod: &Pod) -> bool {
@@ -277,7 +411,12 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
                 self.namespaces.remove(&name);
                 self.reconsider_namespace(&name, now);
             }
-            PodEvent::Synced => self.synced = true,
+            PodEvent::Synced => {
+                if !self.synced {
+                    self.next_pass = self.verify_interval.map(|i| now + i);
+                }
+                self.synced = true;
+            }
         }
     }
 
@@ -358,7 +497,7 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
     }
 
     /// Does what is due at `now`: releases, then one runtime listing for every pod due for
-    /// capture, then `Add` and annotations.
+    /// capture, then `Add` and annotations, then (a pass being due) one enrolled pod's check.
     pub async fn step(&mut self, now: Instant) {
         if !self.synced {
             return;
@@ -366,6 +505,126 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
         self.step_releases(now).await;
         self.step_captures(now).await;
         self.step_annotations(now).await;
+        self.step_verification(now);
+    }
+
+    /// Starts a pass when one is due, checks its next enrolled pod, and ends it when none is
+    /// left (then the next is due one interval later).
+    fn step_verification(&mut self, now: Instant) {
+        if self.pass.is_none() {
+            match self.next_pass {
+                Some(due) if due <= now => {
+                    let queue = (self.tracked.iter())
+                        .filter(|(_, t)| matches!(t.state, State::Enrolled(_)))
+                        .map(|(uid, _)| uid.clone())
+                        .collect();
+                    self.next_pass = None;
+                    self.pass = Some(Pass {
+                        due,
+                        queue,
+                        report: PassReport::default(),
+                    });
+                }
+                _ => return,
+            }
+        }
+        let Some(mut pass) = self.pass.take() else {
+            return;
+        };
+        while let Some(uid) = pass.queue.pop_front() {
+            // A pod released or being captured again since the pass began is not checked.
+            if self.verify_pod(&uid, now, &mut pass.report) {
+                break;
+            }
+        }
+        if !pass.queue.is_empty() {
+            self.pass = Some(pass);
+            return;
+        }
+        self.counters.passes += 1;
+        self.counters.unprotected = pass.report.unprotected.len() as u64;
+        if !pass.report.unprotected.is_empty() {
+            tracing::warn!(
+                unprotected = pass.report.unprotected.len(),
+                "verification pass left enrolled pods unprotected"
+            );
+        }
+        self.last_pass = pass.report;
+        self.next_pass = self.verify_interval.map(|i| now + i);
+    }
+
+    /// Checks (and repairs) one enrolled pod; `false` when it is no longer enrolled (nothing
+    /// was asked).
+    fn verify_pod(&mut self, uid: &str, now: Instant, report: &mut PassReport) -> bool {
+        let Some(t) = self.tracked.get(uid) else {
+            return false;
+        };
+        let State::Enrolled(hns) = t.state else {
+            return false;
+        };
+        let pod = key(&t.pod);
+        let check = self.node.verify(&hns);
+        let Some(t) = self.tracked.get_mut(uid) else {
+            return true;
+        };
+        let repaired = |done: &[(Guid, EndpointOutcome)], report: &mut PassReport| {
+            let mut n = 0u64;
+            for (ep, outcome) in done {
+                let kind = match outcome {
+                    EndpointOutcome::Added => RepairKind::PoliciesAdded,
+                    EndpointOutcome::Replaced => RepairKind::PoliciesReplaced,
+                    _ => continue,
+                };
+                let r = Repair {
+                    pod: pod.clone(),
+                    namespace: hns.guid,
+                    endpoint: Some(*ep),
+                    kind,
+                };
+                tracing::warn!(pod = %r.pod, uid, guid = %hns.guid, endpoint = %ep, "{r}");
+                report.repairs.push(r);
+                n += 1;
+            }
+            n
+        };
+        match check {
+            Check::Protected(done) => {
+                self.counters.repairs += repaired(&done, report);
+                t.failures = 0;
+                t.last_error = None;
+            }
+            Check::Unprotected { done, error } => {
+                self.counters.repairs += repaired(&done, report);
+                t.failures += 1;
+                let why = format!("pod {pod}: verification: {error}");
+                tracing::warn!(uid, error = %why, "enrolled pod unprotected; checked again next pass");
+                t.last_error = Some(why.clone());
+                report.unprotected.insert(uid.to_owned(), why);
+            }
+            Check::Gone => {
+                let r = Repair {
+                    pod: pod.clone(),
+                    namespace: hns.guid,
+                    endpoint: None,
+                    kind: RepairKind::Recapture,
+                };
+                tracing::warn!(pod = %r.pod, uid, guid = %hns.guid, "{r}");
+                self.counters.repairs += 1;
+                report.repairs.push(r);
+                let why = format!(
+                    "pod {pod}: verification: HNS namespace {} is gone",
+                    hns.guid
+                );
+                report.unprotected.insert(uid.to_owned(), why.clone());
+                // Nothing is left to release on the vanished namespace; the capture asks the
+                // runtime for the pod's sandbox now, and marks the pod `pending` if it fails.
+                t.state = State::Capturing { applied: None };
+                t.due = Some(now);
+                t.failures = 0;
+                t.last_error = Some(why);
+            }
+        }
+        true
     }
 
     async fn step_releases(&mut self, now: Instant) {
@@ -585,6 +844,9 @@ pub async fn run<N: Node, Z: Ztunnel, S: PodSource>(
         daemon.step(Instant::now()).await;
         let due = daemon.next_due();
         tokio::select! {
+            // Events first: a pod event waits for at most the step in flight (one pod's
+            // check of a verification pass), never for a whole pass.
+            biased;
             _ = shutdown.wait_for(|s| *s) => return Ok(()),
             ev = events.recv() => match ev {
                 Some(ev) => daemon.handle(ev, Instant::now()),

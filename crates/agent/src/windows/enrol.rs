@@ -59,6 +59,9 @@ impl super::running::NamespaceLookup for HcnNamespaces {
     fn namespace(&self, guid: Guid) -> Result<HnsNamespace, HcnError> {
         hcn::namespace(guid)
     }
+    fn is_gone(&self, e: &HcnError) -> bool {
+        e.is_not_found()
+    }
 }
 
 /// Takes every `L4WFPPROXY` policy off the namespace's endpoints.

@@ -6,6 +6,10 @@
 //! pod is not captured, so the caller can retry it or mark it as upstream does (a failed
 //! lookup or policy is a retryable error, §1.4).
 //!
+//! An enrolled pod is re-checked by [`verify_namespace`]: HNS is asked again for the
+//! namespace's endpoints and each endpoint's policies are compared with the plan; only an
+//! endpoint whose policies differ is written to (the same per-endpoint plan as a capture).
+//!
 //! Platform-neutral: HNS is reached through [`NamespaceLookup`] and
 //! [`HnsEndpoints`], which the Windows build implements with the HCN calls
 //! (`super::enrol`) and the tests here with fakes.
@@ -27,6 +31,9 @@ pub trait NamespaceLookup {
     type Error: std::error::Error + Send + Sync + 'static;
     /// The namespace's compartment and endpoints.
     fn namespace(&self, guid: Guid) -> Result<HnsNamespace, Self::Error>;
+    /// Whether `e` says the namespace does not exist (any more), as opposed to HNS not
+    /// answering.
+    fn is_gone(&self, e: &Self::Error) -> bool;
 }
 
 /// Why one running pod is not captured; names the pod and what failed.
@@ -167,4 +174,97 @@ pub fn capture_found<L: NamespaceLookup>(
         outcomes.insert(uid.clone(), outcome);
     }
     outcomes
+}
+
+/// Why an enrolled pod's namespace is not (all) as planned after its check.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError<E: std::error::Error + 'static> {
+    /// HNS could not read the namespace (it still exists, or HNS would not say).
+    #[error("HNS namespace {guid}: {source}")]
+    Namespace {
+        /// The namespace.
+        guid: Guid,
+        /// HNS's answer.
+        source: E,
+    },
+    /// Some endpoint could not be read or repaired, or none is left.
+    #[error("L4WFPPROXY policies of namespace {guid}: {source}")]
+    Policies {
+        /// The namespace.
+        guid: Guid,
+        /// Per-endpoint failures.
+        source: PodError,
+    },
+}
+
+/// What re-checking one enrolled pod's namespace found (and repaired).
+#[derive(Debug)]
+pub enum Check<E> {
+    /// Every endpoint HNS lists carries exactly the planned policies now; per endpoint what
+    /// was found and done ([`EndpointOutcome::Unchanged`]: nothing was written to it).
+    Protected(Vec<(Guid, EndpointOutcome)>),
+    /// Not every endpoint does: what was done on the endpoints that answered, and why not
+    /// the rest.
+    Unprotected {
+        /// Per endpoint that answered, what was found and done.
+        done: Vec<(Guid, EndpointOutcome)>,
+        /// Why the pod is not protected.
+        error: E,
+    },
+    /// HNS has no such namespace any more (the pod's sandbox went or was re-created).
+    Gone,
+}
+
+impl<E> Check<E> {
+    /// The same check with its error converted.
+    pub fn map_err<F>(self, f: impl FnOnce(E) -> F) -> Check<F> {
+        match self {
+            Self::Protected(done) => Check::Protected(done),
+            Self::Unprotected { done, error } => Check::Unprotected {
+                done,
+                error: f(error),
+            },
+            Self::Gone => Check::Gone,
+        }
+    }
+}
+
+/// Re-reads namespace `guid` and the policies of each of its endpoints, and repairs per
+/// endpoint what differs from the plan: an endpoint without the policies (one that joined the
+/// namespace, or lost them out of band) gets them added, one with other `L4WFPPROXY`
+/// settings gets them replaced, one that vanished is left alone, and an endpoint that is as
+/// planned is not written to. A namespace without endpoints is [`Check::Unprotected`], as
+/// for a capture.
+pub fn verify_namespace<L: NamespaceLookup>(
+    hns: &L,
+    eps: &dyn HnsEndpoints,
+    guid: Guid,
+    cfg: &WfpPolicyConfig,
+) -> Check<VerifyError<L::Error>> {
+    let ns = match hns.namespace(guid) {
+        Ok(ns) => ns,
+        Err(e) if hns.is_gone(&e) => return Check::Gone,
+        Err(source) => {
+            return Check::Unprotected {
+                done: Vec::new(),
+                error: VerifyError::Namespace { guid, source },
+            };
+        }
+    };
+    match policy::apply_pod(eps, &ns.endpoints, cfg) {
+        Ok(done) => Check::Protected(done),
+        Err(source) => {
+            let done = match &source {
+                PodError::Endpoints { done, .. } => done.clone(),
+                PodError::NoEndpoints => Vec::new(),
+                PodError::AllVanished => (ns.endpoints.iter())
+                    .map(|&ep| (ep, EndpointOutcome::Vanished))
+                    .collect(),
+            };
+            Check::Unprotected {
+                done,
+                error: VerifyError::Policies { guid, source },
+            }
+        }
+    }
 }

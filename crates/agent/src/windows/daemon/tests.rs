@@ -1,17 +1,26 @@
-//! The daemon loop over fakes: a scripted runtime+HNS+policies ([`FakeNode`]), a ztunnel that
-//! acks or NACKs and keeps the snapshot cache as the ZDS server does ([`FakeZtunnel`]), and
-//! the in-memory pod source (annotations), with a switch to make annotation writes fail.
+//! The daemon loop over fakes: a scripted runtime ([`FakeNode`]) over a fake HNS (namespaces,
+//! endpoints and their policies, every read and write recorded; a capture and a verification
+//! go through the same per-endpoint plan as on Windows), a ztunnel that acks or NACKs and
+//! keeps the snapshot cache as the ZDS server does ([`FakeZtunnel`]), and the in-memory pod
+//! source (annotations), with a switch to make annotation writes fail.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ambit_netns::guid::Guid;
+use ambit_netns::hns::HnsNamespace;
+use ambit_redirect::hns::{
+    EndpointError, HnsEndpoints, L4WfpProxySettings, POLICY_TYPE, WfpPolicyConfig, policies,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::*;
 use crate::enrol::{Enablement, default_selectors};
 use crate::pods::{LocalPodSource, Namespace, PodPhase, SourceError};
+use crate::windows::running::{self, NamespaceLookup};
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
@@ -24,6 +33,32 @@ enum Answer {
     Fails(&'static str),
 }
 
+/// One HNS call the fake answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HnsCall {
+    /// Namespace properties read.
+    Namespace(Guid),
+    /// Endpoint properties read.
+    Endpoint(Guid),
+    /// `HcnModifyEndpoint` with this `RequestType` (`Add` / `Remove`).
+    Modify(Guid, String),
+}
+
+/// HNS as far as the agent sees it: namespaces with their endpoints, and each endpoint's
+/// policies as HNS would list them.
+#[derive(Debug, Default)]
+struct FakeHns {
+    namespaces: BTreeMap<Guid, HnsNamespace>,
+    policies: BTreeMap<Guid, Vec<Value>>,
+    calls: Vec<HnsCall>,
+    /// The next namespace reads that fail (not as "not found").
+    namespace_fails: u32,
+    /// Per endpoint, how many of its next property reads fail.
+    endpoint_fails: BTreeMap<Guid, u32>,
+    /// Per endpoint, how many of its next modifications fail.
+    modify_fails: BTreeMap<Guid, u32>,
+}
+
 #[derive(Debug, Default)]
 struct NodeState {
     /// Per pod UID, the answers still to give; an exhausted script keeps failing.
@@ -32,6 +67,7 @@ struct NodeState {
     release_fails: u32,
     captures: Vec<BTreeSet<String>>,
     releases: Vec<Guid>,
+    hns: FakeHns,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -43,6 +79,128 @@ impl FakeNode {
     }
     fn script(&self, uid: &str, answers: &[Answer]) {
         (self.state().script).insert(uid.to_owned(), answers.iter().cloned().collect());
+    }
+    /// HNS gets namespace `n` with `endpoints` (none carrying policies yet).
+    fn hns_namespace(&self, n: u128, compartment: u32, endpoints: &[u128]) {
+        let ns = HnsNamespace {
+            id: guid(n),
+            compartment: Some(compartment),
+            endpoints: endpoints.iter().map(|&e| endpoint(e)).collect(),
+        };
+        let mut st = self.state();
+        for &ep in &ns.endpoints {
+            st.hns.policies.entry(ep).or_default();
+        }
+        st.hns.namespaces.insert(guid(n), ns);
+    }
+    /// The HNS calls answered so far.
+    fn calls(&self) -> Vec<HnsCall> {
+        self.state().hns.calls.clone()
+    }
+    /// The modifications among them, as (endpoint, request type).
+    fn writes(&self) -> Vec<(Guid, String)> {
+        (self.calls().into_iter())
+            .filter_map(|c| match c {
+                HnsCall::Modify(ep, kind) => Some((ep, kind)),
+                _ => None,
+            })
+            .collect()
+    }
+    /// The endpoint's `L4WFPPROXY` settings as HNS holds them.
+    fn settings_on(&self, ep: u128) -> Vec<L4WfpProxySettings> {
+        let st = self.state();
+        (st.hns.policies.get(&endpoint(ep)).into_iter().flatten())
+            .map(|p| L4WfpProxySettings::deserialize(p["Settings"].clone()).unwrap())
+            .collect()
+    }
+}
+
+fn endpoint(n: u128) -> Guid {
+    Guid::from_u128(0xe000 + n)
+}
+
+/// The settings a capture puts on every endpoint.
+fn planned() -> Vec<L4WfpProxySettings> {
+    policies(&WfpPolicyConfig::default()).to_vec()
+}
+
+#[derive(Debug, thiserror::Error)]
+enum HnsError {
+    #[error("HcnOpenNamespace: element not found")]
+    NotFound,
+    #[error("HcnQueryNamespaceProperties: RPC server unavailable")]
+    Unavailable,
+}
+
+impl NamespaceLookup for FakeNode {
+    type Error = HnsError;
+    fn namespace(&self, guid: Guid) -> Result<HnsNamespace, HnsError> {
+        let mut st = self.state();
+        st.hns.calls.push(HnsCall::Namespace(guid));
+        if st.hns.namespace_fails > 0 {
+            st.hns.namespace_fails -= 1;
+            return Err(HnsError::Unavailable);
+        }
+        st.hns
+            .namespaces
+            .get(&guid)
+            .cloned()
+            .ok_or(HnsError::NotFound)
+    }
+    fn is_gone(&self, e: &HnsError) -> bool {
+        matches!(e, HnsError::NotFound)
+    }
+}
+
+fn countdown(map: &mut BTreeMap<Guid, u32>, ep: Guid) -> bool {
+    match map.get_mut(&ep).filter(|n| **n > 0) {
+        Some(n) => {
+            *n -= 1;
+            true
+        }
+        None => false,
+    }
+}
+
+impl HnsEndpoints for FakeNode {
+    fn properties(&self, ep: Guid) -> Result<String, EndpointError> {
+        let mut st = self.state();
+        st.hns.calls.push(HnsCall::Endpoint(ep));
+        if countdown(&mut st.hns.endpoint_fails, ep) {
+            return Err(EndpointError::Failed {
+                call: "query",
+                endpoint: ep,
+                message: "HRESULT 0x800706ba".into(),
+            });
+        }
+        let policies = st.hns.policies.get(&ep).ok_or(EndpointError::Gone(ep))?;
+        Ok(json!({"ID": ep.to_string(), "Policies": policies}).to_string())
+    }
+
+    fn modify(&self, ep: Guid, settings: &str) -> Result<(), EndpointError> {
+        let req: Value = serde_json::from_str(settings).unwrap();
+        let kind = req["RequestType"].as_str().unwrap().to_owned();
+        let mut st = self.state();
+        st.hns.calls.push(HnsCall::Modify(ep, kind.clone()));
+        if countdown(&mut st.hns.modify_fails, ep) {
+            return Err(EndpointError::Failed {
+                call: "modify",
+                endpoint: ep,
+                message: "HRESULT 0x80070005".into(),
+            });
+        }
+        let have = st
+            .hns
+            .policies
+            .get_mut(&ep)
+            .ok_or(EndpointError::Gone(ep))?;
+        let sent = req["Settings"]["Policies"].as_array().unwrap();
+        match kind.as_str() {
+            "Add" => have.extend(sent.iter().cloned()),
+            "Remove" => have.retain(|p| !sent.contains(p)),
+            other => panic!("unexpected request type {other}"),
+        }
+        Ok(())
     }
 }
 
@@ -62,6 +220,14 @@ impl Node for FakeNode {
             for uid in uids {
                 let next = st.script.get_mut(uid).and_then(VecDeque::pop_front);
                 let answer = match next {
+                    // A namespace HNS knows gets the policies as on Windows.
+                    Some(Answer::Captured(ns)) if st.hns.namespaces.contains_key(&ns.guid) => {
+                        let found = st.hns.namespaces[&ns.guid].clone();
+                        drop(st);
+                        let applied = running::capture(&*self, &found, &WfpPolicyConfig::default());
+                        st = self.state();
+                        applied.map(|_| ns).map_err(|e| FakeError(e.to_string()))
+                    }
                     Some(Answer::Captured(ns)) => Ok(ns),
                     Some(Answer::Fails(why)) => Err(FakeError(why.into())),
                     None => Err(FakeError("no sandbox names an HNS namespace".into())),
@@ -71,6 +237,10 @@ impl Node for FakeNode {
             Ok(out)
         };
         std::future::ready(out)
+    }
+    fn verify(&mut self, ns: &PodNamespace) -> Check<FakeError> {
+        running::verify_namespace(&*self, &*self, ns.guid, &WfpPolicyConfig::default())
+            .map_err(|e| FakeError(e.to_string()))
     }
     fn release(&mut self, ns: &PodNamespace) -> Result<(), FakeError> {
         let mut st = self.state();
@@ -204,8 +374,20 @@ struct Harness {
     t0: Instant,
 }
 
+/// The verification period of [`Harness::verifying`].
+const PERIOD_MS: u64 = 10_000;
+
 impl Harness {
     fn new() -> Self {
+        Self::with_verification(None)
+    }
+
+    /// Verifying every [`PERIOD_MS`].
+    fn verifying() -> Self {
+        Self::with_verification(Some(Duration::from_millis(PERIOD_MS)))
+    }
+
+    fn with_verification(interval: Option<Duration>) -> Self {
         let node = FakeNode::default();
         let zt = FakeZtunnel::default();
         let source = Source::default();
@@ -224,7 +406,8 @@ impl Harness {
             source.clone(),
             enablement,
             Backoff::default(),
-        );
+        )
+        .with_verification(interval);
         Self {
             node,
             zt,
@@ -783,4 +966,534 @@ async fn run_enrols_from_the_watch_and_stops_on_shutdown() {
     stop.send_replace(true);
     assert!(task.await.unwrap().is_ok());
     assert_eq!(zt.state().adds.len(), 1);
+}
+
+// ---- Verification passes ----
+
+/// Enrols each `(name, namespace, endpoints)` at 0 (HNS holding the namespace, the capture
+/// putting the policies on) and forgets the HNS calls the captures made.
+async fn enrol_all(h: &mut Harness, pods: &[(&str, u128, &[u128])]) -> Vec<Pod> {
+    let mut out = Vec::new();
+    for &(name, n, eps) in pods {
+        let p = pod(name, true);
+        h.node.hns_namespace(n, n as u32, eps);
+        h.node.script(&p.uid, &[Answer::Captured(hns(n, n as u32))]);
+        h.upsert(p.clone(), 0);
+        out.push(p);
+    }
+    h.sync();
+    h.step(0).await;
+    for &(name, ..) in pods {
+        assert_eq!(h.phase(name), Some(Phase::Enrolled), "{name}");
+    }
+    h.node.state().hns.calls.clear();
+    out
+}
+
+/// Steps at `ms` until a pass completes there (one pod per step); how many steps it took.
+async fn pass_at(h: &mut Harness, ms: u64) -> usize {
+    let before = h.d.verification().passes;
+    for steps in 1..=100 {
+        h.step(ms).await;
+        if h.d.verification().passes > before {
+            assert_eq!(h.d.verification().passes, before + 1);
+            return steps;
+        }
+    }
+    panic!("no pass completed at {ms} ms");
+}
+
+fn l4(ep: u128, at: &FakeNode) -> Vec<Value> {
+    at.state().hns.policies[&endpoint(ep)].clone()
+}
+
+/// Out-of-band changes to an enrolled pod's HNS state, and what one pass must write (only on
+/// the endpoint that differs) and report.
+#[tokio::test]
+async fn a_pass_repairs_only_the_endpoints_that_differ_from_the_plan() {
+    type Change = fn(&FakeNode);
+    struct Case {
+        what: &'static str,
+        change: Change,
+        writes: &'static [(u128, &'static str)],
+        repairs: &'static [(u128, RepairKind)],
+        /// The namespace's endpoints after the change.
+        endpoints: &'static [u128],
+    }
+    let cases = [
+        Case {
+            what: "unchanged",
+            change: |_| {},
+            writes: &[],
+            repairs: &[],
+            endpoints: &[1, 2],
+        },
+        Case {
+            what: "both policies removed out of band from one endpoint",
+            change: |n| {
+                n.state()
+                    .hns
+                    .policies
+                    .get_mut(&endpoint(2))
+                    .unwrap()
+                    .clear()
+            },
+            writes: &[(2, "Add")],
+            repairs: &[(2, RepairKind::PoliciesAdded)],
+            endpoints: &[1, 2],
+        },
+        Case {
+            what: "one of the two policies removed",
+            change: |n| {
+                n.state()
+                    .hns
+                    .policies
+                    .get_mut(&endpoint(1))
+                    .unwrap()
+                    .truncate(1)
+            },
+            writes: &[(1, "Remove"), (1, "Add")],
+            repairs: &[(1, RepairKind::PoliciesReplaced)],
+            endpoints: &[1, 2],
+        },
+        Case {
+            what: "stale settings (another inbound port)",
+            change: |n| {
+                let mut st = n.state();
+                let p = &mut st.hns.policies.get_mut(&endpoint(2)).unwrap()[1];
+                p["Settings"]["InboundProxyPort"] = json!("15007");
+            },
+            writes: &[(2, "Remove"), (2, "Add")],
+            repairs: &[(2, RepairKind::PoliciesReplaced)],
+            endpoints: &[1, 2],
+        },
+        Case {
+            what: "a policy of another type added (not ours to judge)",
+            change: |n| {
+                let mut st = n.state();
+                let acl = json!({"Type": "ACL", "Settings": {"Action": "Allow"}});
+                st.hns.policies.get_mut(&endpoint(1)).unwrap().push(acl);
+            },
+            writes: &[],
+            repairs: &[],
+            endpoints: &[1, 2],
+        },
+        Case {
+            what: "an endpoint joined the namespace",
+            change: |n| {
+                let mut st = n.state();
+                st.hns.policies.insert(endpoint(3), Vec::new());
+                let ns = st.hns.namespaces.get_mut(&guid(1)).unwrap();
+                ns.endpoints.push(endpoint(3));
+            },
+            writes: &[(3, "Add")],
+            repairs: &[(3, RepairKind::PoliciesAdded)],
+            endpoints: &[1, 2, 3],
+        },
+        Case {
+            what: "an endpoint vanished (still listed)",
+            change: |n| {
+                n.state().hns.policies.remove(&endpoint(2));
+            },
+            writes: &[],
+            repairs: &[],
+            endpoints: &[1],
+        },
+    ];
+    for case in cases {
+        let what = case.what;
+        let mut h = Harness::verifying();
+        enrol_all(&mut h, &[("web", 1, &[1, 2])]).await;
+        (case.change)(&h.node);
+        pass_at(&mut h, PERIOD_MS).await;
+
+        let calls = h.node.calls();
+        assert_eq!(calls[0], HnsCall::Namespace(guid(1)), "{what}: re-read");
+        let read: Vec<Guid> = (calls.iter())
+            .filter_map(|c| match c {
+                HnsCall::Endpoint(ep) => Some(*ep),
+                _ => None,
+            })
+            .collect();
+        let listed: Vec<Guid> = h.node.state().hns.namespaces[&guid(1)].endpoints.clone();
+        assert_eq!(read, listed, "{what}: every endpoint HNS lists is read");
+        let want: Vec<(Guid, String)> = (case.writes.iter())
+            .map(|&(ep, kind)| (endpoint(ep), kind.to_owned()))
+            .collect();
+        assert_eq!(h.node.writes(), want, "{what}");
+        let repairs: Vec<Repair> = (case.repairs.iter())
+            .map(|&(ep, kind)| Repair {
+                pod: "demo/web".into(),
+                namespace: guid(1),
+                endpoint: Some(endpoint(ep)),
+                kind,
+            })
+            .collect();
+        assert_eq!(h.d.last_pass().repairs, repairs, "{what}");
+        for r in &repairs {
+            let line = r.to_string();
+            assert!(
+                line.contains("demo/web") && line.contains(&r.endpoint.unwrap().to_string()),
+                "{what}: the log line names pod and endpoint: {line}"
+            );
+        }
+        assert_eq!(
+            h.d.verification(),
+            VerifyCounters {
+                passes: 1,
+                repairs: repairs.len() as u64,
+                unprotected: 0
+            },
+            "{what}"
+        );
+        for &ep in case.endpoints {
+            let ours: Vec<L4WfpProxySettings> = (l4(ep, &h.node).into_iter())
+                .filter(|p| p["Type"] == POLICY_TYPE)
+                .map(|p| L4WfpProxySettings::deserialize(p["Settings"].clone()).unwrap())
+                .collect();
+            assert_eq!(ours, planned(), "{what}: endpoint {ep} as planned");
+        }
+        assert_eq!(h.phase("web"), Some(Phase::Enrolled), "{what}");
+        assert_eq!(h.annotation("web").as_deref(), Some(ENABLED), "{what}");
+        assert_eq!(
+            h.zt.state().adds.len(),
+            1,
+            "{what}: ztunnel is not told again"
+        );
+
+        // The repair holds: the next pass writes nothing.
+        h.node.state().hns.calls.clear();
+        pass_at(&mut h, 2 * PERIOD_MS).await;
+        assert_eq!(h.node.writes(), vec![], "{what}: second pass");
+        assert!(!h.node.calls().is_empty(), "{what}: second pass reads");
+        assert_eq!(h.d.last_pass(), &PassReport::default(), "{what}");
+        assert_eq!(h.d.verification().repairs, repairs.len() as u64, "{what}");
+    }
+}
+
+#[tokio::test]
+async fn a_pod_whose_namespace_vanished_is_captured_again_and_the_pass_goes_on() {
+    let mut h = Harness::verifying();
+    let pods = enrol_all(&mut h, &[("a", 1, &[1]), ("b", 2, &[2]), ("c", 3, &[3])]).await;
+    let b = &pods[1];
+    // b's sandbox was re-created: HNS forgot namespace 2 and has namespace 4 for it; c lost
+    // its policies out of band.
+    h.node.script(&b.uid, &[Answer::Captured(hns(4, 5))]);
+    {
+        let mut st = h.node.state();
+        st.hns.namespaces.remove(&guid(2));
+        st.hns.policies.remove(&endpoint(2));
+        st.hns.policies.get_mut(&endpoint(3)).unwrap().clear();
+    }
+    h.node.hns_namespace(4, 5, &[4]);
+    let annotations = h.source.local.annotation_log().len();
+
+    pass_at(&mut h, PERIOD_MS).await;
+    let report = h.d.last_pass().clone();
+    assert_eq!(
+        report.repairs,
+        vec![
+            Repair {
+                pod: "demo/b".into(),
+                namespace: guid(2),
+                endpoint: None,
+                kind: RepairKind::Recapture,
+            },
+            Repair {
+                pod: "demo/c".into(),
+                namespace: guid(3),
+                endpoint: Some(endpoint(3)),
+                kind: RepairKind::PoliciesAdded,
+            },
+        ],
+        "c is still checked after b's namespace was found gone"
+    );
+    assert_eq!(
+        report.unprotected.keys().collect::<Vec<_>>(),
+        [&b.uid],
+        "{report:?}"
+    );
+    let why = &report.unprotected[&b.uid];
+    assert!(
+        why.contains("demo/b") && why.contains(&guid(2).to_string()) && why.contains("gone"),
+        "{why}"
+    );
+    assert_eq!(
+        h.d.verification(),
+        VerifyCounters {
+            passes: 1,
+            repairs: 2,
+            unprotected: 1
+        }
+    );
+    // b's re-capture (the step after its check, before c's check) and c's repair.
+    assert_eq!(
+        h.node.writes(),
+        vec![
+            (endpoint(4), "Add".to_owned()),
+            (endpoint(3), "Add".to_owned())
+        ]
+    );
+
+    // b was captured again (the runtime asked, the new namespace's endpoint given the
+    // policies, ztunnel sent the new namespace), and still says enabled: no writes.
+    let adds = h.zt.state().adds.clone();
+    let last = adds.last().unwrap();
+    assert_eq!((last.uid.as_str(), last.hns), (b.uid.as_str(), hns(4, 5)));
+    assert_eq!(h.node.settings_on(4), planned());
+    assert_eq!(h.phase("b"), Some(Phase::Enrolled));
+    assert_eq!(h.source.local.annotation_log().len(), annotations);
+
+    // The next pass checks b's new namespace and finds all three as planned.
+    h.node.state().hns.calls.clear();
+    pass_at(&mut h, 2 * PERIOD_MS).await;
+    assert!(h.node.calls().contains(&HnsCall::Namespace(guid(4))));
+    assert!(!h.node.calls().contains(&HnsCall::Namespace(guid(2))));
+    assert_eq!(h.node.writes(), vec![]);
+    assert_eq!(h.d.verification().unprotected, 0);
+}
+
+#[tokio::test]
+async fn a_pod_whose_namespace_vanished_and_has_no_new_sandbox_is_marked_pending() {
+    let mut h = Harness::verifying();
+    enrol_all(&mut h, &[("web", 1, &[1])]).await;
+    h.node.state().hns.namespaces.remove(&guid(1));
+    pass_at(&mut h, PERIOD_MS).await;
+    // The re-capture runs on the next step; the runtime names no sandbox now.
+    h.step(PERIOD_MS).await;
+    let st = h.d.status()["uid-web"].clone();
+    assert_eq!((st.phase, st.failures), (Phase::Capturing, 1));
+    assert_eq!(h.annotation("web").as_deref(), Some(PENDING));
+}
+
+/// HNS failing during a pass: the pod is reported and counted unprotected, not written to
+/// blindly, left enrolled, and checked again (and repaired) on the next pass, not before.
+#[tokio::test]
+async fn an_hns_failure_leaves_the_pod_unprotected_until_the_next_pass() {
+    struct Case {
+        what: &'static str,
+        fail: fn(&FakeNode),
+        error: &'static str,
+        /// Writes of the failing pass.
+        writes: &'static [(u128, &'static str)],
+    }
+    let cases = [
+        Case {
+            what: "namespace unreadable",
+            fail: |n| n.state().hns.namespace_fails = 1,
+            error: "RPC server unavailable",
+            writes: &[],
+        },
+        Case {
+            what: "one endpoint unreadable",
+            fail: |n| {
+                n.state().hns.endpoint_fails.insert(endpoint(2), 1);
+                n.state()
+                    .hns
+                    .policies
+                    .get_mut(&endpoint(1))
+                    .unwrap()
+                    .clear();
+            },
+            error: "query on endpoint",
+            // The other endpoint is still checked and repaired.
+            writes: &[(1, "Add")],
+        },
+        Case {
+            what: "repair refused",
+            fail: |n| {
+                n.state()
+                    .hns
+                    .policies
+                    .get_mut(&endpoint(1))
+                    .unwrap()
+                    .clear();
+                n.state().hns.modify_fails.insert(endpoint(1), 1);
+            },
+            error: "modify on endpoint",
+            writes: &[(1, "Add")],
+        },
+    ];
+    for case in cases {
+        let what = case.what;
+        let mut h = Harness::verifying();
+        let web = enrol_all(&mut h, &[("web", 1, &[1, 2])]).await.remove(0);
+        (case.fail)(&h.node);
+        pass_at(&mut h, PERIOD_MS).await;
+        let want: Vec<(Guid, String)> = (case.writes.iter())
+            .map(|&(ep, kind)| (endpoint(ep), kind.to_owned()))
+            .collect();
+        assert_eq!(h.node.writes(), want, "{what}");
+        assert_eq!(h.d.verification().unprotected, 1, "{what}");
+        let why = h.d.last_pass().unprotected.get(&web.uid).cloned();
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.starts_with("pod demo/web: ") && w.contains(case.error)),
+            "{what}: {why:?}"
+        );
+        let st = h.d.status()[&web.uid].clone();
+        assert_eq!(st.phase, Phase::Enrolled, "{what}");
+        assert_eq!(st.last_error, why, "{what}");
+        assert_eq!(h.annotation("web").as_deref(), Some(ENABLED), "{what}");
+        assert_eq!(h.due_in_ms(), Some(2 * PERIOD_MS as u128), "{what}");
+        let calls = h.node.calls().len();
+        h.step(2 * PERIOD_MS - 1).await;
+        assert_eq!(h.node.calls().len(), calls, "{what}: not retried early");
+
+        pass_at(&mut h, 2 * PERIOD_MS).await;
+        assert!(h.node.calls().len() > calls, "{what}: retried");
+        assert_eq!(h.d.verification().unprotected, 0, "{what}");
+        assert_eq!(h.d.status()[&web.uid].last_error, None, "{what}");
+        for ep in [1, 2] {
+            assert_eq!(h.node.settings_on(ep), planned(), "{what}: endpoint {ep}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn passes_start_one_period_after_the_last_ended_never_early_and_none_skipped() {
+    let mut h = Harness::verifying();
+    enrol_all(&mut h, &[("web", 1, &[1])]).await;
+    let namespace_reads = |h: &Harness| {
+        (h.node.calls().iter())
+            .filter(|c| matches!(c, HnsCall::Namespace(_)))
+            .count()
+    };
+    // On time, five times over; then late, and the next one is a period after that.
+    let mut at = 0;
+    for pass in 1..=5 {
+        assert_eq!(
+            h.due_in_ms(),
+            Some(at as u128 + PERIOD_MS as u128),
+            "pass {pass}"
+        );
+        at += PERIOD_MS;
+        h.step(at - 1).await;
+        assert_eq!(namespace_reads(&h), pass - 1, "pass {pass} not early");
+        assert_eq!(pass_at(&mut h, at).await, 1, "one pod, one step");
+        assert_eq!(namespace_reads(&h), pass, "pass {pass}");
+    }
+    let late = at + PERIOD_MS + 2_345;
+    pass_at(&mut h, late).await;
+    assert_eq!(namespace_reads(&h), 6);
+    assert_eq!(h.due_in_ms(), Some((late + PERIOD_MS) as u128));
+    assert_eq!(h.d.verification().passes, 6);
+
+    // Off (AMBIT_VERIFY_INTERVAL=0): nothing is ever due, nothing read.
+    let mut off = Harness::new();
+    enrol_all(&mut off, &[("web", 1, &[1])]).await;
+    assert_eq!(off.d.next_due(), None);
+    off.step(3_600_000).await;
+    assert!(off.node.calls().is_empty());
+    assert_eq!(off.d.verification(), VerifyCounters::default());
+}
+
+#[tokio::test]
+async fn a_pass_over_no_pods_completes_and_the_next_is_a_period_later() {
+    let mut h = Harness::verifying();
+    h.sync();
+    assert_eq!(h.due_in_ms(), Some(PERIOD_MS as u128));
+    h.step(PERIOD_MS).await;
+    assert_eq!(h.d.verification().passes, 1);
+    assert_eq!(h.due_in_ms(), Some(2 * PERIOD_MS as u128));
+    assert!(h.node.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_new_pod_waits_for_at_most_one_pods_check_of_a_pass() {
+    let mut h = Harness::verifying();
+    enrol_all(&mut h, &[("a", 1, &[1]), ("b", 2, &[2]), ("c", 3, &[3])]).await;
+    let checked = |h: &Harness| -> Vec<Guid> {
+        (h.node.calls().iter())
+            .filter_map(|c| match c {
+                HnsCall::Namespace(g) => Some(*g),
+                _ => None,
+            })
+            .collect()
+    };
+    h.step(PERIOD_MS).await;
+    assert_eq!(checked(&h), [guid(1)], "one pod per step");
+    assert_eq!(
+        h.due_in_ms(),
+        Some(PERIOD_MS as u128),
+        "the pass goes on at once"
+    );
+
+    // A new pod arrives mid-pass: the next step enrols it, and checks only one more pod.
+    let d = pod("d", true);
+    h.node.hns_namespace(4, 4, &[4]);
+    h.node.script(&d.uid, &[Answer::Captured(hns(4, 4))]);
+    h.upsert(d, PERIOD_MS);
+    h.step(PERIOD_MS).await;
+    assert_eq!(h.annotation("d").as_deref(), Some(ENABLED));
+    assert_eq!(checked(&h), [guid(1), guid(2)]);
+    h.step(PERIOD_MS).await;
+    assert_eq!(checked(&h), [guid(1), guid(2), guid(3)]);
+    assert_eq!(h.d.verification().passes, 1, "d joins the next pass");
+    pass_at(&mut h, 2 * PERIOD_MS).await;
+    assert!(checked(&h).contains(&guid(4)));
+}
+
+#[tokio::test]
+async fn a_pod_released_during_a_pass_is_not_checked() {
+    let mut h = Harness::verifying();
+    let pods = enrol_all(&mut h, &[("a", 1, &[1]), ("b", 2, &[2])]).await;
+    h.step(PERIOD_MS).await;
+    h.delete(&pods[1], PERIOD_MS);
+    h.step(PERIOD_MS).await;
+    assert_eq!(h.d.verification().passes, 1);
+    assert!(!h.node.calls().contains(&HnsCall::Namespace(guid(2))));
+    assert_eq!(h.node.state().releases, vec![guid(2)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_repairs_policies_removed_out_of_band_on_the_next_pass() {
+    let node = FakeNode::default();
+    let zt = FakeZtunnel::default();
+    let source = Source::default();
+    let web = pod("web", true);
+    node.hns_namespace(1, 1, &[1, 2]);
+    node.script(&web.uid, &[Answer::Captured(hns(1, 1))]);
+    source.local.upsert_pod(web.clone());
+    let enablement = Enablement {
+        selectors: default_selectors(),
+        exclude_namespaces: vec![],
+        system_namespace: "istio-system".into(),
+    };
+    let d = Daemon::new(
+        node.clone(),
+        zt.clone(),
+        source.clone(),
+        enablement,
+        Backoff::default(),
+    )
+    .with_verification(Some(Duration::from_secs(10)));
+    let (_snap_tx, snapshots) = watch::channel(0u64);
+    let (stop, shutdown) = watch::channel(false);
+    let started = Instant::now();
+    let task = tokio::spawn(run(d, snapshots, shutdown));
+    ambit_testkit::eventually("web enrolled", Duration::from_secs(10), || {
+        source.local.redirection(NS, "web").as_deref() == Some(ENABLED)
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    node.state().hns.calls.clear();
+    node.state()
+        .hns
+        .policies
+        .get_mut(&endpoint(2))
+        .unwrap()
+        .clear();
+    ambit_testkit::eventually("endpoint 2 repaired", Duration::from_secs(60), || {
+        node.settings_on(2) == planned()
+    })
+    .await;
+    let repaired = started.elapsed();
+    assert!(
+        repaired >= Duration::from_secs(10) && repaired < Duration::from_secs(11),
+        "on the first pass, one period after the sync: {repaired:?}"
+    );
+    assert_eq!(node.writes(), vec![(endpoint(2), "Add".to_owned())]);
+    stop.send_replace(true);
+    assert!(task.await.unwrap().is_ok());
 }
