@@ -1276,6 +1276,10 @@ async fn an_hns_failure_leaves_the_pod_unprotected_until_the_next_pass() {
         error: &'static str,
         /// Writes of the failing pass.
         writes: &'static [(u128, &'static str)],
+        /// Repairs it made all the same (on the endpoints that answered).
+        repairs: &'static [u128],
+        /// Repairs of the next pass.
+        then: &'static [u128],
     }
     let cases = [
         Case {
@@ -1283,6 +1287,8 @@ async fn an_hns_failure_leaves_the_pod_unprotected_until_the_next_pass() {
             fail: |n| n.state().hns.namespace_fails = 1,
             error: "RPC server unavailable",
             writes: &[],
+            repairs: &[],
+            then: &[],
         },
         Case {
             what: "one endpoint unreadable",
@@ -1298,6 +1304,8 @@ async fn an_hns_failure_leaves_the_pod_unprotected_until_the_next_pass() {
             error: "query on endpoint",
             // The other endpoint is still checked and repaired.
             writes: &[(1, "Add")],
+            repairs: &[1],
+            then: &[],
         },
         Case {
             what: "repair refused",
@@ -1312,6 +1320,8 @@ async fn an_hns_failure_leaves_the_pod_unprotected_until_the_next_pass() {
             },
             error: "modify on endpoint",
             writes: &[(1, "Add")],
+            repairs: &[],
+            then: &[1],
         },
     ];
     for case in cases {
@@ -1324,6 +1334,14 @@ async fn an_hns_failure_leaves_the_pod_unprotected_until_the_next_pass() {
             .map(|&(ep, kind)| (endpoint(ep), kind.to_owned()))
             .collect();
         assert_eq!(h.node.writes(), want, "{what}");
+        let repaired = |h: &Harness| -> Vec<Guid> {
+            (h.d.last_pass().repairs.iter())
+                .map(|r| r.endpoint.unwrap())
+                .collect()
+        };
+        let eps = |e: &[u128]| -> Vec<Guid> { e.iter().map(|&e| endpoint(e)).collect() };
+        assert_eq!(repaired(&h), eps(case.repairs), "{what}");
+        assert_eq!(h.d.verification().repairs, case.repairs.len() as u64);
         assert_eq!(h.d.verification().unprotected, 1, "{what}");
         let why = h.d.last_pass().unprotected.get(&web.uid).cloned();
         assert!(
@@ -1342,6 +1360,7 @@ async fn an_hns_failure_leaves_the_pod_unprotected_until_the_next_pass() {
 
         pass_at(&mut h, 2 * PERIOD_MS).await;
         assert!(h.node.calls().len() > calls, "{what}: retried");
+        assert_eq!(repaired(&h), eps(case.then), "{what}: next pass");
         assert_eq!(h.d.verification().unprotected, 0, "{what}");
         assert_eq!(h.d.status()[&web.uid].last_error, None, "{what}");
         for ep in [1, 2] {
