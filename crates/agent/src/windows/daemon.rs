@@ -48,7 +48,6 @@ use std::time::Duration;
 
 use ambit_netns::guid::Guid;
 use ambit_redirect::hns::EndpointOutcome;
-
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 
