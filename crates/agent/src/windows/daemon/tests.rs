@@ -366,6 +366,29 @@ fn pod(name: &str, ambient: bool) -> Pod {
     p
 }
 
+/// A daemon over the fakes (default selectors, `kube-system` excluded), verifying every
+/// `interval`.
+fn daemon(
+    node: &FakeNode,
+    zt: &FakeZtunnel,
+    source: &Source,
+    interval: Option<Duration>,
+) -> Daemon<FakeNode, FakeZtunnel, Source> {
+    let enablement = Enablement {
+        selectors: default_selectors(),
+        exclude_namespaces: vec!["kube-system".into()],
+        system_namespace: "istio-system".into(),
+    };
+    Daemon::new(
+        node.clone(),
+        zt.clone(),
+        source.clone(),
+        enablement,
+        Backoff::default(),
+    )
+    .with_verification(interval)
+}
+
 struct Harness {
     node: FakeNode,
     zt: FakeZtunnel,
@@ -395,19 +418,7 @@ impl Harness {
             name: NS.into(),
             labels: BTreeMap::new(),
         });
-        let enablement = Enablement {
-            selectors: default_selectors(),
-            exclude_namespaces: vec!["kube-system".into()],
-            system_namespace: "istio-system".into(),
-        };
-        let d = Daemon::new(
-            node.clone(),
-            zt.clone(),
-            source.clone(),
-            enablement,
-            Backoff::default(),
-        )
-        .with_verification(interval);
+        let d = daemon(&node, &zt, &source, interval);
         Self {
             node,
             zt,
@@ -944,18 +955,7 @@ async fn run_enrols_from_the_watch_and_stops_on_shutdown() {
         &[Answer::Fails("not yet"), Answer::Captured(hns(1, 4))],
     );
     source.local.upsert_pod(web.clone());
-    let enablement = Enablement {
-        selectors: default_selectors(),
-        exclude_namespaces: vec![],
-        system_namespace: "istio-system".into(),
-    };
-    let d = Daemon::new(
-        node,
-        zt.clone(),
-        source.clone(),
-        enablement,
-        Backoff::default(),
-    );
+    let d = daemon(&node, &zt, &source, None);
     let (_snap_tx, snapshots) = watch::channel(0u64);
     let (stop, shutdown) = watch::channel(false);
     let task = tokio::spawn(run(d, snapshots, shutdown));
@@ -1007,104 +1007,86 @@ fn l4(ep: u128, at: &FakeNode) -> Vec<Value> {
     at.state().hns.policies[&endpoint(ep)].clone()
 }
 
+/// Changes endpoint `ep`'s policies in HNS out of band.
+fn edit_policies(n: &FakeNode, ep: u128, edit: impl FnOnce(&mut Vec<Value>)) {
+    edit(n.state().hns.policies.get_mut(&endpoint(ep)).unwrap());
+}
+
 /// Out-of-band changes to an enrolled pod's HNS state, and what one pass must write (only on
 /// the endpoint that differs) and report.
 #[tokio::test]
 async fn a_pass_repairs_only_the_endpoints_that_differ_from_the_plan() {
+    use RepairKind::{PoliciesAdded as Added, PoliciesReplaced as Replaced};
     type Change = fn(&FakeNode);
-    struct Case {
-        what: &'static str,
-        change: Change,
-        writes: &'static [(u128, &'static str)],
-        repairs: &'static [(u128, RepairKind)],
-        /// The namespace's endpoints after the change.
-        endpoints: &'static [u128],
-    }
-    let cases = [
-        Case {
-            what: "unchanged",
-            change: |_| {},
-            writes: &[],
-            repairs: &[],
-            endpoints: &[1, 2],
-        },
-        Case {
-            what: "both policies removed out of band from one endpoint",
-            change: |n| {
-                n.state()
-                    .hns
-                    .policies
-                    .get_mut(&endpoint(2))
-                    .unwrap()
-                    .clear()
+    // (what, the change, the repairs (endpoint, kind), the namespace's endpoints after it).
+    type Case = (
+        &'static str,
+        Change,
+        &'static [(u128, RepairKind)],
+        &'static [u128],
+    );
+    // An endpoint that lacked the policies gets them added; one whose policies differ has
+    // them removed and added again.
+    let writes_of = |kind| match kind {
+        Added => &["Add"][..],
+        _ => &["Remove", "Add"][..],
+    };
+    let cases: [Case; 7] = [
+        ("unchanged", |_| {}, &[], &[1, 2]),
+        (
+            "both policies removed out of band from one endpoint",
+            |n| edit_policies(n, 2, Vec::clear),
+            &[(2, Added)],
+            &[1, 2],
+        ),
+        (
+            "one of the two policies removed",
+            |n| edit_policies(n, 1, |p| p.truncate(1)),
+            &[(1, Replaced)],
+            &[1, 2],
+        ),
+        (
+            "stale settings (another inbound port)",
+            |n| {
+                edit_policies(n, 2, |p| {
+                    p[1]["Settings"]["InboundProxyPort"] = json!("15007")
+                })
             },
-            writes: &[(2, "Add")],
-            repairs: &[(2, RepairKind::PoliciesAdded)],
-            endpoints: &[1, 2],
-        },
-        Case {
-            what: "one of the two policies removed",
-            change: |n| {
-                n.state()
-                    .hns
-                    .policies
-                    .get_mut(&endpoint(1))
-                    .unwrap()
-                    .truncate(1)
+            &[(2, Replaced)],
+            &[1, 2],
+        ),
+        (
+            "a policy of another type added (not ours to judge)",
+            |n| {
+                edit_policies(n, 1, |p| {
+                    p.push(json!({"Type": "ACL", "Settings": {"Action": "Allow"}}))
+                })
             },
-            writes: &[(1, "Remove"), (1, "Add")],
-            repairs: &[(1, RepairKind::PoliciesReplaced)],
-            endpoints: &[1, 2],
-        },
-        Case {
-            what: "stale settings (another inbound port)",
-            change: |n| {
-                let mut st = n.state();
-                let p = &mut st.hns.policies.get_mut(&endpoint(2)).unwrap()[1];
-                p["Settings"]["InboundProxyPort"] = json!("15007");
-            },
-            writes: &[(2, "Remove"), (2, "Add")],
-            repairs: &[(2, RepairKind::PoliciesReplaced)],
-            endpoints: &[1, 2],
-        },
-        Case {
-            what: "a policy of another type added (not ours to judge)",
-            change: |n| {
-                let mut st = n.state();
-                let acl = json!({"Type": "ACL", "Settings": {"Action": "Allow"}});
-                st.hns.policies.get_mut(&endpoint(1)).unwrap().push(acl);
-            },
-            writes: &[],
-            repairs: &[],
-            endpoints: &[1, 2],
-        },
-        Case {
-            what: "an endpoint joined the namespace",
-            change: |n| {
+            &[],
+            &[1, 2],
+        ),
+        (
+            "an endpoint joined the namespace",
+            |n| {
                 let mut st = n.state();
                 st.hns.policies.insert(endpoint(3), Vec::new());
                 let ns = st.hns.namespaces.get_mut(&guid(1)).unwrap();
                 ns.endpoints.push(endpoint(3));
             },
-            writes: &[(3, "Add")],
-            repairs: &[(3, RepairKind::PoliciesAdded)],
-            endpoints: &[1, 2, 3],
-        },
-        Case {
-            what: "an endpoint vanished (still listed)",
-            change: |n| {
-                n.state().hns.policies.remove(&endpoint(2));
-            },
-            writes: &[],
-            repairs: &[],
-            endpoints: &[1],
-        },
+            &[(3, Added)],
+            &[1, 2, 3],
+        ),
+        (
+            "an endpoint vanished (still listed)",
+            |n| drop(n.state().hns.policies.remove(&endpoint(2))),
+            &[],
+            &[1],
+        ),
     ];
-    for case in cases {
-        let what = case.what;
+    for (what, change, case_repairs, endpoints) in cases {
         let mut h = Harness::verifying();
         enrol_all(&mut h, &[("web", 1, &[1, 2])]).await;
-        (case.change)(&h.node);
+        change(&h.node);
         pass_at(&mut h, PERIOD_MS).await;
 
         let calls = h.node.calls();
@@ -1117,11 +1099,15 @@ async fn a_pass_repairs_only_the_endpoints_that_differ_from_the_plan() {
             .collect();
         let listed: Vec<Guid> = h.node.state().hns.namespaces[&guid(1)].endpoints.clone();
         assert_eq!(read, listed, "{what}: every endpoint HNS lists is read");
-        let want: Vec<(Guid, String)> = (case.writes.iter())
-            .map(|&(ep, kind)| (endpoint(ep), kind.to_owned()))
+        let want: Vec<(Guid, String)> = (case_repairs.iter())
+            .flat_map(|&(ep, kind)| {
+                writes_of(kind)
+                    .iter()
+                    .map(move |w| (endpoint(ep), (*w).to_owned()))
+            })
             .collect();
         assert_eq!(h.node.writes(), want, "{what}");
-        let repairs: Vec<Repair> = (case.repairs.iter())
+        let repairs: Vec<Repair> = (case_repairs.iter())
             .map(|&(ep, kind)| Repair {
                 pod: "demo/web".into(),
                 namespace: guid(1),
@@ -1146,7 +1132,7 @@ async fn a_pass_repairs_only_the_endpoints_that_differ_from_the_plan() {
             },
             "{what}"
         );
-        for &ep in case.endpoints {
+        for &ep in endpoints {
             let ours: Vec<L4WfpProxySettings> = (l4(ep, &h.node).into_iter())
                 .filter(|p| p["Type"] == POLICY_TYPE)
                 .map(|p| L4WfpProxySettings::deserialize(p["Settings"].clone()).unwrap())
@@ -1294,12 +1280,7 @@ async fn an_hns_failure_leaves_the_pod_unprotected_until_the_next_pass() {
             what: "one endpoint unreadable",
             fail: |n| {
                 n.state().hns.endpoint_fails.insert(endpoint(2), 1);
-                n.state()
-                    .hns
-                    .policies
-                    .get_mut(&endpoint(1))
-                    .unwrap()
-                    .clear();
+                edit_policies(n, 1, Vec::clear);
             },
             error: "query on endpoint",
             // The other endpoint is still checked and repaired.
@@ -1310,12 +1291,7 @@ async fn an_hns_failure_leaves_the_pod_unprotected_until_the_next_pass() {
         Case {
             what: "repair refused",
             fail: |n| {
-                n.state()
-                    .hns
-                    .policies
-                    .get_mut(&endpoint(1))
-                    .unwrap()
-                    .clear();
+                edit_policies(n, 1, Vec::clear);
                 n.state().hns.modify_fails.insert(endpoint(1), 1);
             },
             error: "modify on endpoint",
@@ -1474,19 +1450,7 @@ async fn run_repairs_policies_removed_out_of_band_on_the_next_pass() {
     node.hns_namespace(1, 1, &[1, 2]);
     node.script(&web.uid, &[Answer::Captured(hns(1, 1))]);
     source.local.upsert_pod(web.clone());
-    let enablement = Enablement {
-        selectors: default_selectors(),
-        exclude_namespaces: vec![],
-        system_namespace: "istio-system".into(),
-    };
-    let d = Daemon::new(
-        node.clone(),
-        zt.clone(),
-        source.clone(),
-        enablement,
-        Backoff::default(),
-    )
-    .with_verification(Some(Duration::from_secs(10)));
+    let d = daemon(&node, &zt, &source, Some(Duration::from_secs(10)));
     let (_snap_tx, snapshots) = watch::channel(0u64);
     let (stop, shutdown) = watch::channel(false);
     let started = Instant::now();
@@ -1497,12 +1461,7 @@ async fn run_repairs_policies_removed_out_of_band_on_the_next_pass() {
     .await;
     assert!(started.elapsed() < Duration::from_secs(10));
     node.state().hns.calls.clear();
-    node.state()
-        .hns
-        .policies
-        .get_mut(&endpoint(2))
-        .unwrap()
-        .clear();
+    edit_policies(&node, 2, Vec::clear);
     ambit_testkit::eventually("endpoint 2 repaired", Duration::from_secs(60), || {
         node.settings_on(2) == planned()
     })
