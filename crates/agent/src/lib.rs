@@ -12,6 +12,7 @@
 //! | [`enrol`] | the §2 predicate: selectors, excludes, hostNetwork/sidecar/ztunnel pods |
 //! | [`zds`] | the ZDS server (§4): SEQPACKET socket, snapshot, Add→newest / Del→all |
 //! | [`daemon`] | the running agent: event loop, worker with retries, add/remove (§1.4–§1.7), restart pass (§1.8), plugin-event, plugin log, health and metrics servers, verification |
+//! | [`monitoring`] | the health (`/healthz`, `/readyz`) and metrics (`/metrics`) servers, shared by the Linux and Windows agents |
 //! | [`discovery`] | `/proc` scan for pod netns: cgroup pod UIDs, IP-ownership check, oldest process wins (§1.8 step 3) |
 //! | [`shutdown`] | upgrade vs uninstall (§1.10): [`shutdown::UninstallCheck`] and the full cleanup |
 //! | [`plugin`] | [`plugin_main`] (§5.1–§5.3) and its side of the plugin log socket (§5.6) |
@@ -21,7 +22,7 @@
 //! | [`hold`] | the init container that holds a new Windows pod until it is captured |
 //! | `windows` | Windows nodes: the CRI client and its sandbox info, HNS namespaces, `L4WFPPROXY` policies, the node agent's loop (`windows::daemon`) and, on Windows, the agent itself (`windows::agent`) |
 //!
-//! On Windows only `enrol`, `pods`, `zds`, `platform`, `hold` and `windows` are
+//! On Windows only `enrol`, `pods`, `zds`, `platform`, `hold`, `monitoring` and `windows` are
 //! built (`windows` is on every platform: what it parses is tested on Linux); the rest (rules run in a netns, `/proc` discovery, the plugin's Unix socket, the
 //! installer) is Linux's.
 //!
@@ -67,6 +68,7 @@
 pub mod config;
 pub mod enrol;
 pub mod hold;
+pub mod monitoring;
 pub mod platform;
 pub mod pods;
 pub mod zds;

@@ -1,6 +1,7 @@
 //! The agent's HTTP servers: plugin events on `<run_dir>/pluginevent.sock` (HTTP/1.1,
 //! mode 0666, `POST /cmdadd`, §5.3), health on `/healthz` + `/readyz` (§6.2) and
-//! Prometheus `/metrics` (§6.3), all on the one HTTP/1 server loop ([`ambit_http`]) with
+//! Prometheus `/metrics` (§6.3) (those two are [`crate::monitoring`]'s, shared with the
+//! Windows agent), all on the one HTTP/1 server loop ([`ambit_http`]) with
 //! [`AgentConfig::http`]'s bounds: header-read deadline, body limit (`/cmdadd` included:
 //! `413` beyond it), connection cap, backoff after a failed accept.
 //!
@@ -16,34 +17,46 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ambit_http::{Body, Limits};
-use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::metrics::CodeLabel;
 use super::{AgentError, Core};
 use crate::config::AgentConfig;
+use crate::monitoring::{BindError, Monitored, MonitoringServers, text};
 use crate::plugin::{CmdAddRequest, PLUGIN_SOCKET};
 use crate::pods::PodSource;
-
-#[derive(Debug, Clone, Copy)]
-enum Route {
-    Plugin,
-    Health,
-    Metrics,
-}
 
 /// Bound sockets, not yet serving.
 #[derive(Debug)]
 pub(super) struct Servers {
     plugin: UnixListener,
-    health: TcpListener,
-    metrics: TcpListener,
+    monitoring: MonitoringServers,
     pub health_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
+}
+
+impl<S: PodSource> Monitored for Core<S> {
+    fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    fn metrics_text(&self) -> String {
+        self.metrics.encode()
+    }
+}
+
+impl From<BindError> for AgentError {
+    fn from(e: BindError) -> Self {
+        Self::Bind {
+            what: e.what,
+            addr: e.addr.to_string(),
+            source: e.source,
+        }
+    }
 }
 
 fn bind_err(what: &'static str, addr: String) -> impl FnOnce(std::io::Error) -> AgentError {
@@ -72,22 +85,12 @@ impl Servers {
         // The plugin runs as whatever user the runtime uses.
         std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
             .map_err(bind_err("plugin socket", name))?;
-        let health = TcpListener::bind(cfg.health_addr)
-            .await
-            .map_err(bind_err("health server", cfg.health_addr.to_string()))?;
-        let metrics = TcpListener::bind(cfg.metrics_addr)
-            .await
-            .map_err(bind_err("metrics server", cfg.metrics_addr.to_string()))?;
+        let monitoring = MonitoringServers::bind(cfg.health_addr, cfg.metrics_addr).await?;
         Ok(Self {
-            health_addr: health
-                .local_addr()
-                .map_err(bind_err("health server", cfg.health_addr.to_string()))?,
-            metrics_addr: metrics
-                .local_addr()
-                .map_err(bind_err("metrics server", cfg.metrics_addr.to_string()))?,
+            health_addr: monitoring.health_addr,
+            metrics_addr: monitoring.metrics_addr,
             plugin,
-            health,
-            metrics,
+            monitoring,
         })
     }
 
@@ -103,32 +106,18 @@ impl Servers {
             self.plugin,
             limits,
             core.clone(),
-            Route::Plugin,
             stop.clone(),
         ));
-        for (name, listener, route) in [
-            ("health", self.health, Route::Health),
-            ("metrics", self.metrics, Route::Metrics),
-        ] {
-            tasks.spawn(serve(
-                name,
-                listener,
-                limits,
-                core.clone(),
-                route,
-                stop.clone(),
-            ));
-        }
+        self.monitoring.spawn(tasks, limits, core, stop);
     }
 }
 
-/// Serves one route until `stop` turns true; open connections are then dropped.
+/// Serves the plugin events until `stop` turns true; open connections are then dropped.
 async fn serve<S: PodSource>(
     name: &'static str,
     listener: impl ambit_http::Listener,
     limits: Limits,
     core: Arc<Core<S>>,
-    route: Route,
     stop: watch::Receiver<bool>,
 ) {
     let stopped = async move {
@@ -137,7 +126,7 @@ async fn serve<S: PodSource>(
     };
     let handler = move |req| {
         let core = core.clone();
-        async move { handle(&core, route, req).await }
+        async move { handle(&core, req).await }
     };
     // Stopping drops open connections at once, as the agent always has.
     ambit_http::serve(
@@ -151,37 +140,9 @@ async fn serve<S: PodSource>(
     .await;
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
-    let mut r = Response::new(Body::new(body.into()));
-    *r.status_mut() = status;
-    r
-}
-
-async fn handle<S: PodSource>(
-    core: &Core<S>,
-    route: Route,
-    req: Request<Incoming>,
-) -> Response<Body> {
-    match (route, req.method(), req.uri().path()) {
-        (Route::Health, &Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
-        (Route::Health, &Method::GET, "/readyz") => {
-            if core.ready.load(Ordering::SeqCst) {
-                text(StatusCode::OK, "ready")
-            } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "not ready")
-            }
-        }
-        (Route::Metrics, &Method::GET, "/metrics") => {
-            let mut r = text(StatusCode::OK, core.metrics.encode());
-            r.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static(
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-            );
-            r
-        }
-        (Route::Plugin, &Method::POST, "/cmdadd") => {
+async fn handle<S: PodSource>(core: &Core<S>, req: Request<Incoming>) -> Response<Body> {
+    match (req.method(), req.uri().path()) {
+        (&Method::POST, "/cmdadd") => {
             let resp = cmd_add(core, req).await;
             core.metrics
                 .plugin_requests
