@@ -4,8 +4,9 @@
 //! tested against a fake runtime), capturing the pods that already run ([`running`]: CRI,
 //! then HNS, then the two `L4WFPPROXY` policies on every endpoint, platform-neutral over
 //! traits), the node agent's loop that ties them to the pod watch, ZDS and the annotations
-//! ([`daemon`], platform-neutral over traits), and on Windows the HCN calls behind those
-//! traits and one pod's capture and release (`enrol`).
+//! ([`daemon`], platform-neutral over traits), the readiness and metrics it publishes for the
+//! health and metrics servers ([`monitor`], platform-neutral), and on Windows the HCN calls
+//! behind those traits and one pod's capture and release (`enrol`).
 
 #[cfg(windows)]
 pub mod agent;
@@ -14,6 +15,7 @@ pub mod cri;
 pub mod daemon;
 #[cfg(windows)]
 pub mod enrol;
+pub mod monitor;
 pub mod running;
 pub mod sandboxes;
 

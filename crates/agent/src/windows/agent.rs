@@ -1,21 +1,27 @@
 //! The Windows node agent (`ambit cni-agent` on Windows): the ZDS pipe server, the pod watch
-//! from the API server ([`crate::pods::kube`]), and the loop of [`super::daemon`] over the
-//! real effects: the CRI client then HNS then the policies ([`CriNode`]) and the ZDS server.
-//! Runs until `shutdown` turns true or a part fails for good.
+//! from the API server ([`crate::pods::kube`]), the loop of [`super::daemon`] over the
+//! real effects: the CRI client then HNS then the policies ([`CriNode`]) and the ZDS server,
+//! and the Linux agent's health and metrics servers ([`crate::monitoring`]) over what the
+//! loop and the pipe server publish ([`WindowsMonitor`]). Runs until `shutdown` turns true or
+//! a part fails for good.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_netns::hcn::HcnError;
 use ambit_redirect::hns::{HcnEndpoints, WfpPolicyConfig};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use super::HnsPodNamespace;
 use super::config::WindowsAgentConfig;
 use super::daemon::{self, Backoff, Captures, Check, Daemon, Node, Workload, Ztunnel};
 use super::enrol::{self, HcnNamespaces, WindowsEnrolError};
+use super::monitor::WindowsMonitor;
 use super::running::{self, RunningError, VerifyError};
 use super::sandboxes::{CriClient, CriError};
+use crate::monitoring::{BindError, MonitoringServers};
 use crate::pods::kube::{KubePodSource, KubeSetupError, client_from_environment_in};
 use crate::zds::{ZdsConfig, ZdsError, ZdsPod, ZdsServer};
 
@@ -31,6 +37,9 @@ pub enum WindowsAgentError {
     /// No API server client.
     #[error(transparent)]
     Kube(#[from] KubeSetupError),
+    /// The health or metrics address could not be bound.
+    #[error(transparent)]
+    Monitoring(#[from] BindError),
     /// The loop ended.
     #[error(transparent)]
     Run(#[from] daemon::RunError),
@@ -136,16 +145,33 @@ pub async fn run(
     vars: &[(String, String)],
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), WindowsAgentError> {
+    let monitor = Arc::new(WindowsMonitor::new());
     let listener = ZdsServer::bind(&cfg.zds_pipe)?;
+    let servers = MonitoringServers::bind(cfg.health_addr, cfg.metrics_addr).await?;
     let client = client_from_environment_in(vars, &cfg.service_account_dir)?;
     let source = KubePodSource::new(client, cfg.node_name.clone());
-    let zds = ZdsServer::new(ZdsConfig::default(), None);
+    let zds = ZdsServer::new(ZdsConfig::default(), Some(monitor.ztunnel_gauge()));
+    // Dropped on return: the servers stop with the agent.
+    let mut tasks = JoinSet::new();
+    let (health, metrics) = (servers.health_addr, servers.metrics_addr);
+    servers.spawn(
+        &mut tasks,
+        ambit_http::Limits::default(),
+        monitor.clone(),
+        shutdown.clone(),
+    );
     let serve = {
         let zds = zds.clone();
         let shutdown = shutdown.clone();
-        tokio::spawn(async move { zds.serve(listener, shutdown).await })
+        let monitor = monitor.clone();
+        // The pipe exists (bound above): ztunnel can connect from now on.
+        monitor.set_zds_listening(true);
+        tokio::spawn(async move {
+            zds.serve(listener, shutdown).await;
+            monitor.set_zds_listening(false);
+        })
     };
-    tracing::info!(pipe = %cfg.zds_pipe.display(), cri = %cfg.cri_endpoint.display(), node = %cfg.node_name, verify_interval = ?cfg.verify_interval, "Windows node agent running");
+    tracing::info!(pipe = %cfg.zds_pipe.display(), cri = %cfg.cri_endpoint.display(), node = %cfg.node_name, verify_interval = ?cfg.verify_interval, %health, %metrics, "Windows node agent running");
     let node = CriNode::new(cfg.cri_endpoint.clone(), cfg.policy.clone());
     let d = Daemon::new(
         node,
@@ -154,7 +180,8 @@ pub async fn run(
         cfg.enablement.clone(),
         Backoff::default(),
     )
-    .with_verification(cfg.verify_interval);
+    .with_verification(cfg.verify_interval)
+    .with_monitor(monitor);
     let result = daemon::run(d, zds.snapshots(), shutdown).await;
     serve.abort();
     let _ = serve.await;

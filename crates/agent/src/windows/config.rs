@@ -2,11 +2,17 @@
 //! exist (`spec/cni.md` §6.4, `spec/windows.md` §1.1, §2.1), every bad variable reported at
 //! once. Platform-neutral, so the rules are tested on Linux; the CLI hands it the process
 //! environment (the library never reads it).
+//!
+//! The health and metrics servers are the Linux agent's (`crate::config`):
+//! `AMBIT_HEALTH_ADDR` (default `0.0.0.0:8000`), `AMBIT_METRICS_ADDR` (default
+//! `0.0.0.0:<MONITORING_PORT>`, `MONITORING_PORT` default 15014). All interfaces, as on
+//! Linux: kubelet probes a host-network pod at the node's IP, and Prometheus scrapes it there.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ambit_contract::ports;
 use ambit_contract::values::parse_duration;
 use ambit_contract::windows::{CRI_PIPE, ZDS_PIPE};
 use ambit_redirect::hns::WfpPolicyConfig;
@@ -41,6 +47,10 @@ pub struct WindowsAgentConfig {
     /// = `None`, no verification passes): how often every enrolled pod's endpoints and
     /// policies are re-checked and repaired.
     pub verify_interval: Option<Duration>,
+    /// `AMBIT_HEALTH_ADDR`: `/healthz`, `/readyz`.
+    pub health_addr: SocketAddr,
+    /// `AMBIT_METRICS_ADDR` (or all interfaces on `MONITORING_PORT`): `/metrics`.
+    pub metrics_addr: SocketAddr,
 }
 
 /// One bad variable.
@@ -135,6 +145,26 @@ impl WindowsAgentConfig {
                 }
             },
         };
+        let all = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
+        let mut parsed = |var: &'static str, default: SocketAddr, port_only: bool| {
+            let Some(v) = get(var) else {
+                return default;
+            };
+            let value = if port_only {
+                v.parse()
+                    .map(all)
+                    .map_err(|_| "expected a port number (0-65535)")
+            } else {
+                v.parse().map_err(|_| "expected IP:port")
+            };
+            value.unwrap_or_else(|reason| {
+                fail(var, &v, reason.into());
+                default
+            })
+        };
+        let health_addr = parsed("AMBIT_HEALTH_ADDR", all(ports::AGENT_HEALTH), false);
+        let monitoring = parsed("MONITORING_PORT", all(ports::AGENT_METRICS), true);
+        let metrics_addr = parsed("AMBIT_METRICS_ADDR", monitoring, false);
         let cfg = Self {
             node_name,
             zds_pipe: PathBuf::from(get("ZTUNNEL_UDS_ADDRESS").unwrap_or_else(|| ZDS_PIPE.into())),
@@ -147,6 +177,8 @@ impl WindowsAgentConfig {
             },
             service_account_dir,
             verify_interval,
+            health_addr,
+            metrics_addr,
         };
         if bad.is_empty() {
             Ok(cfg)
@@ -180,6 +212,8 @@ mod tests {
         assert_eq!(cfg.enablement.system_namespace, "istio-system");
         assert!(!cfg.enablement.selectors.is_empty());
         assert_eq!(cfg.verify_interval, Some(Duration::from_secs(10)));
+        assert_eq!(cfg.health_addr, "0.0.0.0:8000".parse().unwrap());
+        assert_eq!(cfg.metrics_addr, "0.0.0.0:15014".parse().unwrap());
         assert_eq!(
             cfg.service_account_dir,
             Path::new(r"C:\C\abc").join(SERVICE_ACCOUNT_SUBDIR)
@@ -228,12 +262,54 @@ mod tests {
     }
 
     #[test]
+    fn the_health_and_metrics_addresses_are_the_linux_agents_variables() {
+        // (variables set, health address, metrics address)
+        type Case = (
+            &'static [(&'static str, &'static str)],
+            &'static str,
+            &'static str,
+        );
+        let cases: [Case; 4] = [
+            (&[], "0.0.0.0:8000", "0.0.0.0:15014"),
+            (
+                &[("MONITORING_PORT", "9090")],
+                "0.0.0.0:8000",
+                "0.0.0.0:9090",
+            ),
+            (
+                &[
+                    ("AMBIT_HEALTH_ADDR", "127.0.0.1:18000"),
+                    ("AMBIT_METRICS_ADDR", "[::1]:0"),
+                    ("MONITORING_PORT", "9090"),
+                ],
+                "127.0.0.1:18000",
+                "[::1]:0",
+            ),
+            (
+                &[("AMBIT_METRICS_ADDR", "10.0.0.1:15014")],
+                "0.0.0.0:8000",
+                "10.0.0.1:15014",
+            ),
+        ];
+        for (set, health, metrics) in cases {
+            let mut v = vec![("NODE_NAME", "win-1")];
+            v.extend_from_slice(set);
+            let cfg = WindowsAgentConfig::from_vars(&vars(&v)).unwrap();
+            assert_eq!(cfg.health_addr, health.parse().unwrap(), "{set:?}");
+            assert_eq!(cfg.metrics_addr, metrics.parse().unwrap(), "{set:?}");
+        }
+    }
+
+    #[test]
     fn every_bad_variable_is_reported_at_once() {
         let err = WindowsAgentConfig::from_vars(&vars(&[
             ("HOST_PROBE_SNAT_IP", "fe80::1"),
             ("AMBIENT_ENABLEMENT_SELECTOR", "[{podSelector: 3}]"),
             ("AMBIT_CRI_ENDPOINT", "/run/containerd/containerd.sock"),
             ("AMBIT_VERIFY_INTERVAL", "10 parsecs"),
+            ("AMBIT_HEALTH_ADDR", "localhost"),
+            ("MONITORING_PORT", "70000"),
+            ("AMBIT_METRICS_ADDR", ":15014"),
         ]))
         .unwrap_err();
         let vars: Vec<&str> = err.0.iter().map(|b| b.var).collect();
@@ -244,9 +320,12 @@ mod tests {
                 "HOST_PROBE_SNAT_IP",
                 "AMBIENT_ENABLEMENT_SELECTOR",
                 "AMBIT_CRI_ENDPOINT",
-                "AMBIT_VERIFY_INTERVAL"
+                "AMBIT_VERIFY_INTERVAL",
+                "AMBIT_HEALTH_ADDR",
+                "MONITORING_PORT",
+                "AMBIT_METRICS_ADDR",
             ]
         );
-        assert_eq!(err.to_string().lines().count(), 5, "{err}");
+        assert_eq!(err.to_string().lines().count(), 8, "{err}");
     }
 }

@@ -36,6 +36,11 @@
 //! step's captures, so a new pod waits for at most one pod's check; the next pass is due one
 //! interval after the previous one ended.
 //!
+//! Health and metrics: after every event and step the daemon publishes whether the initial
+//! sync is done, its verification counters and its pod-event counts to a
+//! [`WindowsMonitor`] ([`Daemon::with_monitor`]), which the agent's `/readyz` and `/metrics`
+//! read (`super::monitor`).
+//!
 //! Platform-neutral: the runtime, HNS and policies are behind [`Node`], ztunnel behind
 //! [`Ztunnel`], the pods and annotations behind [`PodSource`]; the Windows build implements
 //! them with the CRI client, the HCN calls and the ZDS server (`super::node`), the tests here
@@ -44,6 +49,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_netns::guid::Guid;
@@ -52,6 +58,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 
 use super::HnsPodNamespace as PodNamespace;
+use super::monitor::WindowsMonitor;
 pub use super::running::Check;
 use crate::enrol::Enablement;
 use crate::pods::{ENABLED, PENDING, Pod, PodEvent, PodSource};
@@ -201,8 +208,8 @@ impl std::fmt::Display for Repair {
     }
 }
 
-/// The verification counters, named for the metrics the Linux agent exports with the same
-/// meaning (`crate::daemon::metrics`), for a later exporter.
+/// The verification counters; `repairs` and `unprotected` are exported under the Linux
+/// agent's metric names with the same meaning (`super::monitor`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VerifyCounters {
     /// Passes completed.
@@ -215,6 +222,18 @@ pub struct VerifyCounters {
     /// last completed pass and its repairs (HNS did not answer, a repair failed, or the
     /// namespace was gone).
     pub unprotected: u64,
+}
+
+/// Pod events taken from the source, by the type the Linux agent counts them under
+/// (`nodeagent_reconcile_events_total{type}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodEventCounts {
+    /// A pod seen for the first time.
+    pub add: u64,
+    /// A pod seen again (changed, or replayed by a re-list).
+    pub update: u64,
+    /// A pod deleted.
+    pub delete: u64,
 }
 
 /// What the last completed pass found.
@@ -291,6 +310,9 @@ pub struct Daemon<N, Z, S> {
     pass: Option<Pass>,
     counters: VerifyCounters,
     last_pass: PassReport,
+    events: PodEventCounts,
+    /// Told the state after every event and step (health and metrics servers).
+    monitor: Option<Arc<WindowsMonitor>>,
 }
 
 fn key(pod: &Pod) -> String {
@@ -316,7 +338,32 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
             pass: None,
             counters: VerifyCounters::default(),
             last_pass: PassReport::default(),
+            events: PodEventCounts::default(),
+            monitor: None,
         }
+    }
+
+    /// Publishes readiness and the counters to `monitor` after every event and step.
+    pub fn with_monitor(mut self, monitor: Arc<WindowsMonitor>) -> Self {
+        self.monitor = Some(monitor);
+        self.publish();
+        self
+    }
+
+    fn publish(&self) {
+        if let Some(m) = &self.monitor {
+            m.publish(self.synced, self.counters, self.events);
+        }
+    }
+
+    /// Whether the source's initial sync is done (nothing is captured before).
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// The pod events taken so far.
+    pub fn pod_events(&self) -> PodEventCounts {
+        self.events
     }
 
     /// Verifies every enrolled pod each `interval` (`None`: never), the first pass one
@@ -392,12 +439,21 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
 
     /// Takes one event from the pod source.
     pub fn handle(&mut self, ev: PodEvent, now: Instant) {
+        self.handle_event(ev, now);
+        self.publish();
+    }
+
+    fn handle_event(&mut self, ev: PodEvent, now: Instant) {
         match ev {
             PodEvent::Pod(pod) => {
-                self.pods.insert(pod.uid.clone(), pod.clone());
+                match self.pods.insert(pod.uid.clone(), pod.clone()) {
+                    None => self.events.add += 1,
+                    Some(_) => self.events.update += 1,
+                }
                 self.reconsider(&pod.uid, now);
             }
             PodEvent::PodDeleted(pod) => {
+                self.events.delete += 1;
                 self.pods.remove(&pod.uid);
                 self.reconsider(&pod.uid, now);
             }
@@ -505,6 +561,7 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
         self.step_captures(now).await;
         self.step_annotations(now).await;
         self.step_verification(now);
+        self.publish();
     }
 
     /// Starts a pass when one is due, checks its next enrolled pod, and ends it when none is

@@ -22,6 +22,9 @@ use crate::enrol::{Enablement, default_selectors};
 use crate::pods::{LocalPodSource, Namespace, PodPhase, SourceError};
 use crate::windows::running::{self, NamespaceLookup};
 
+/// The health and metrics servers over this daemon.
+mod monitoring;
+
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 struct FakeError(String);
