@@ -5,7 +5,8 @@
 //! ztunnel a HostProcess container running as `NT AUTHORITY\SYSTEM` (the policies' exempt
 //! SID) on the pipe the agent serves, without `SO_REUSEPORT`; the agent a SYSTEM HostProcess
 //! container too, creating that pipe, with the Linux agent's service account and enablement
-//! settings, its environment parsing as the Windows agent's configuration; the hold snippet's init
+//! settings, its environment parsing as the Windows agent's configuration, probed and scraped
+//! as the Linux agent on the addresses that configuration serves; the hold snippet's init
 //! container running `ambit wait-enrolled` on a downward-API file of the pod's annotations
 //! before any application container; the Windows ztunnel with the Linux one's service
 //! account, istio-ca token and root bundle; the image holding `ambit.exe` where each
@@ -182,6 +183,36 @@ fn every_windows_daemonset_is_a_system_host_process() {
     }
 }
 
+/// The Windows agent's configuration from the environment `container` gets (config-map keys
+/// from the Linux manifests' `istio-cni-config`), on node `win-1`.
+fn agent_config(c: &Value, linux: &[Value]) -> ambit_agent::windows::config::WindowsAgentConfig {
+    let config = linux
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "istio-cni-config")
+        .expect("istio-cni-config");
+    let mut vars = vec![("NODE_NAME".to_owned(), "win-1".to_owned())];
+    for e in c["env"].as_array().unwrap() {
+        let key = e["name"].as_str().unwrap().to_owned();
+        let value = if let Some(v) = e["value"].as_str() {
+            v.to_owned()
+        } else if let Some(k) = e["valueFrom"]["configMapKeyRef"]["key"].as_str() {
+            assert_eq!(
+                e["valueFrom"]["configMapKeyRef"]["name"],
+                "istio-cni-config"
+            );
+            config["data"][k]
+                .as_str()
+                .unwrap_or_else(|| panic!("{k} not in the config"))
+                .to_owned()
+        } else {
+            continue;
+        };
+        vars.push((key, value));
+    }
+    ambit_agent::windows::config::WindowsAgentConfig::from_vars(&vars)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[test]
 fn the_windows_agent_serves_ztunnels_pipe_with_the_linux_agents_identity_and_config() {
     let windows = windows_objects();
@@ -224,35 +255,53 @@ fn the_windows_agent_serves_ztunnels_pipe_with_the_linux_agents_identity_and_con
         .find(|o| o["kind"] == "ClusterRoleBinding" && o["metadata"]["name"] == "ambit-cni")
         .expect("ambit-cni binding");
     assert_eq!(binding["subjects"][0]["name"], spec["serviceAccountName"]);
-    let config = linux
-        .iter()
-        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "istio-cni-config")
-        .expect("istio-cni-config");
-
     // The environment the container gets parses as the Windows agent's configuration.
-    let mut vars = vec![("NODE_NAME".to_owned(), "win-1".to_owned())];
-    for e in c["env"].as_array().unwrap() {
-        let key = e["name"].as_str().unwrap().to_owned();
-        let value = if let Some(v) = e["value"].as_str() {
-            v.to_owned()
-        } else if let Some(k) = e["valueFrom"]["configMapKeyRef"]["key"].as_str() {
-            assert_eq!(
-                e["valueFrom"]["configMapKeyRef"]["name"],
-                "istio-cni-config"
-            );
-            config["data"][k]
-                .as_str()
-                .unwrap_or_else(|| panic!("{k} not in the config"))
-                .to_owned()
-        } else {
-            continue;
-        };
-        vars.push((key, value));
-    }
-    let cfg = ambit_agent::windows::config::WindowsAgentConfig::from_vars(&vars)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let cfg = agent_config(c, &linux);
     assert_eq!(cfg.enablement.exclude_namespaces, ["kube-system"]);
     assert_eq!(cfg.enablement.selectors.len(), 2);
+}
+
+/// The Windows agent's probe, metrics port and scrape annotations are the Linux agent's, on
+/// the addresses its configuration serves them: all interfaces, since kubelet probes (and
+/// Prometheus scrapes) a HostProcess pod at the node's IP.
+#[test]
+fn the_windows_agent_is_probed_and_scraped_as_the_linux_agent() {
+    let windows = windows_objects();
+    let ds = daemonsets(&windows);
+    let agent = ds.iter().find(|(_, r)| r == "cni-agent").expect("agent").0;
+    let linux = objects(&yaml_files(&deploy()));
+    let linux_agent = linux
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "istio-cni-node")
+        .expect("Linux agent");
+    let (c, lc) = (
+        &pod_spec(agent)["containers"][0],
+        &pod_spec(linux_agent)["containers"][0],
+    );
+    for key in ["readinessProbe", "livenessProbe", "startupProbe", "ports"] {
+        assert_eq!(c[key], lc[key], "{key}");
+    }
+    let annotations = |o: &Value| {
+        let a = o["spec"]["template"]["metadata"]["annotations"].as_object();
+        let a = a.expect("annotations").clone();
+        a.into_iter()
+            .filter(|(k, _)| k.starts_with("prometheus.io/"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(annotations(agent).len(), 3);
+    assert_eq!(annotations(agent), annotations(linux_agent));
+
+    let cfg = agent_config(c, &linux);
+    let probe = &c["readinessProbe"]["httpGet"];
+    assert_eq!(probe["path"], "/readyz");
+    assert_eq!(probe["port"], cfg.health_addr.port());
+    assert!(cfg.health_addr.ip().is_unspecified(), "{}", cfg.health_addr);
+    assert_eq!(c["ports"][0]["containerPort"], cfg.metrics_addr.port());
+    assert!(
+        cfg.metrics_addr.ip().is_unspecified(),
+        "{}",
+        cfg.metrics_addr
+    );
 }
 
 #[test]
