@@ -191,8 +191,8 @@ fn agent_config(c: &Value, linux: &[Value]) -> ambit_agent::windows::config::Win
         .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "istio-cni-config")
         .expect("istio-cni-config");
     let mut vars = vec![("NODE_NAME".to_owned(), "win-1".to_owned())];
-    for e in c["env"].as_array().unwrap() {
-        let key = e["name"].as_str().unwrap().to_owned();
+    for e in c["env"].as_array().expect("env") {
+        let key = e["name"].as_str().expect("env name").to_owned();
         let value = if let Some(v) = e["value"].as_str() {
             v.to_owned()
         } else if let Some(k) = e["valueFrom"]["configMapKeyRef"]["key"].as_str() {
