@@ -11,7 +11,7 @@
 //! | [`pods`] | [`PodSource`] (pods of this node + namespaces + annotation sink), [`LocalPodSource`] |
 //! | [`enrol`] | the §2 predicate: selectors, excludes, hostNetwork/sidecar/ztunnel pods |
 //! | [`zds`] | the ZDS server (§4): SEQPACKET socket, snapshot, Add→newest / Del→all |
-//! | [`daemon`] | the running agent: event loop, worker with retries, add/remove (§1.4–§1.7), restart pass (§1.8), plugin-event, plugin log, health and metrics servers, verification |
+//! | [`daemon`] | the running agent: event loop, worker with retries, add/remove (§1.4–§1.7), restart pass (§1.8), plugin-event and plugin log servers, health and metrics through [`monitoring`], verification |
 //! | [`monitoring`] | the health (`/healthz`, `/readyz`) and metrics (`/metrics`) servers, shared by the Linux and Windows agents |
 //! | [`discovery`] | `/proc` scan for pod netns: cgroup pod UIDs, IP-ownership check, oldest process wins (§1.8 step 3) |
 //! | [`shutdown`] | upgrade vs uninstall (§1.10): [`shutdown::UninstallCheck`] and the full cleanup |

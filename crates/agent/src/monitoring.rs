@@ -92,25 +92,40 @@ impl MonitoringServers {
             ("metrics", self.metrics, Route::Metrics),
         ] {
             let state = state.clone();
-            let mut stop = stop.clone();
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
             let handler = move |req: Request<Incoming>| {
                 let state = state.clone();
                 async move { respond(route, &req, state.as_ref()) }
             };
-            // Stopping drops open connections at once, as the agent always has.
-            tasks.spawn(ambit_http::serve(
-                name,
-                listener,
-                limits,
-                stopped,
-                std::future::ready(()),
-                handler,
-            ));
+            tasks.spawn(serve_until(name, listener, limits, stop.clone(), handler));
         }
     }
+}
+
+/// Serves `handler` on `listener` ([`ambit_http::serve`]) until `stop` turns true; open
+/// connections are then dropped at once, as the agent always has.
+pub(crate) async fn serve_until<L, H, F>(
+    name: &'static str,
+    listener: L,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+    handler: H,
+) where
+    L: ambit_http::Listener,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    ambit_http::serve(
+        name,
+        listener,
+        limits,
+        stopped,
+        std::future::ready(()),
+        handler,
+    )
+    .await;
 }
 
 /// A response with `status` and `body` and no content type.

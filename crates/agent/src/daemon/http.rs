@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use super::metrics::CodeLabel;
 use super::{AgentError, Core};
 use crate::config::AgentConfig;
-use crate::monitoring::{BindError, Monitored, MonitoringServers, text};
+use crate::monitoring::{BindError, Monitored, MonitoringServers, serve_until, text};
 use crate::plugin::{CmdAddRequest, PLUGIN_SOCKET};
 use crate::pods::PodSource;
 
@@ -120,24 +120,11 @@ async fn serve<S: PodSource>(
     core: Arc<Core<S>>,
     stop: watch::Receiver<bool>,
 ) {
-    let stopped = async move {
-        let mut stop = stop;
-        let _ = stop.wait_for(|s| *s).await;
-    };
     let handler = move |req| {
         let core = core.clone();
         async move { handle(&core, req).await }
     };
-    // Stopping drops open connections at once, as the agent always has.
-    ambit_http::serve(
-        name,
-        listener,
-        limits,
-        stopped,
-        std::future::ready(()),
-        handler,
-    )
-    .await;
+    serve_until(name, listener, limits, stop, handler).await;
 }
 
 async fn handle<S: PodSource>(core: &Core<S>, req: Request<Incoming>) -> Response<Body> {
