@@ -11,7 +11,7 @@ pub use crate::kernel::KernelError;
 pub use crate::kernel::guard::Guard;
 pub use crate::kernel::sock_diag::listening_tcp_ports;
 pub use crate::kernel::watch::{Drained, RulesetWatch};
-pub use crate::pod::{InPod, VerifyMemo};
+pub use crate::pod::{InPod, RulesMark, VerifyMemo, Visit};
 pub use crate::probe_set::{ProbeSet, ProbeSetError};
 pub use crate::runner::{
     Cmd, CmdOutput, CurrentNetns, FdRunner, HostRunner, IpNetnsExec, NetnsRunner, Nsenter, RunError,
