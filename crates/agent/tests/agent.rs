@@ -148,7 +148,13 @@ async fn enrol_verify_repair_unenrol() {
     assert_eq!(source.redirection("demo", "p3"), None);
     assert!(!save_nat(&topo, "p3").contains("ISTIO"));
 
-    // No silent bypass: flush p1's nat rules; one verification pass restores them.
+    // No silent bypass: flush p1's nat rules; one verification pass restores them. Even
+    // once passes no longer read p1's unchanged rules (the flush is a commit).
+    let unchanged = agent.metrics.unchanged_checks.get();
+    eventually("passes find the enrolled pods unchanged", WAIT, || {
+        agent.metrics.unchanged_checks.get() >= unchanged + 4
+    })
+    .await;
     let flushed = topo.exec("p1", &["iptables", "-t", "nat", "-F"]).unwrap();
     assert!(flushed.status.success());
     eventually("agent.metrics.repairs.get() >= 1 && save_nat(&topo, \"p1\").contains(\"--to-ports 15001\")", WAIT, || agent.metrics.repairs.get() >= 1
