@@ -454,6 +454,7 @@ impl<S: PodSource> Core<S> {
             .map(|(uid, s)| {
                 let pod = Enrolled {
                     netns: s.netns.clone(),
+                    ips: s.ips.clone(),
                     inpod: s.inpod.clone(),
                     acked: s.acked,
                     guard: s.guard.clone(),

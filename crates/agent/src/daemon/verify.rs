@@ -9,9 +9,11 @@
 //! with [`InPod::verify_here`] (in-process kernel reads, not even those when the pod's
 //! nf_tables generation has not moved since its last clean visit, rule tools only for rules
 //! unlike any they already judged), the standby guard table over the guard's socket, and
-//! the listeners from a `sock_diag` dump.
+//! the listeners by `sock_diag` lookups of ztunnel's ports at loopback and the pod's
+//! addresses (one hash bucket each, where a dump walks the host-wide listening hash).
 
 use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use ambit_netns::{NetnsFd, in_netns, run_in_netns_thread};
@@ -101,10 +103,31 @@ impl PodCheck {
     }
 }
 
+/// Whether ztunnel's ports are all listening in the calling thread's namespace, for a
+/// connection to loopback or to one of the pod's `ips` (what the redirection sends there):
+/// by the kernel's listener lookup, else (a kernel whose `sock_diag` cannot look up) from a
+/// dump.
+fn listening_here(ips: &[IpAddr]) -> bool {
+    let mut addrs = vec![
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(Ipv6Addr::LOCALHOST),
+    ];
+    addrs.extend(ips);
+    match ambit_redirect::tcp_listeners_at(&REQUIRED_PORTS, &addrs) {
+        Ok(all) => all,
+        Err(e) => {
+            tracing::debug!(error = %e, "sock_diag listener lookup failed; dumping");
+            listening_ports_here().is_ok_and(|p| all_required(&p))
+        }
+    }
+}
+
 /// One enrolled pod to check: what the pass copied out of its slot.
 #[derive(Debug, Clone)]
 pub struct Enrolled {
     pub netns: Arc<NetnsFd>,
+    /// Its addresses.
+    pub ips: Vec<IpAddr>,
     pub inpod: InPod,
     /// ztunnel acked its last `Add` (so it must listen there).
     pub acked: bool,
@@ -131,7 +154,7 @@ pub fn check_pod(uid: &str, pod: &Enrolled, verdicts: &VerifyMemo) -> PodCheck {
         PodCheck {
             standby_ok,
             rules_ok: rules != Rules::Missing,
-            listening: !pod.acked || listening_ports_here().is_ok_and(|p| all_required(&p)),
+            listening: !pod.acked || listening_here(&pod.ips),
             unchanged: rules == Rules::Unchanged,
         }
     });
