@@ -64,42 +64,79 @@ fn metric(text: &str, name: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
+/// A node `n` with pods, and the paths an agent for it runs with (gone with the value).
+struct Node {
+    topo: Topology,
+    run_dir: std::path::PathBuf,
+    zds_sock: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new(pods: &[&str]) -> Self {
+        let mut b = Topology::builder().node("n");
+        for p in pods {
+            b = b.pod("n", *p);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        Node {
+            topo: b.build().unwrap(),
+            run_dir: dir.path().join("run"),
+            zds_sock: dir.path().join("zt").join("ztunnel.sock"),
+            _dir: dir,
+        }
+    }
+
+    /// The agent's configuration: this node's socket, run directory and host netns,
+    /// servers on ephemeral loopback ports, then `extra`.
+    fn config(&self, extra: &[(&str, &str)]) -> AgentConfig {
+        let host = self.topo.node("n").netns().path();
+        let mut vars: Vec<(String, String)> = [
+            ("ZTUNNEL_UDS_ADDRESS", self.zds_sock.display().to_string()),
+            ("CNI_AGENT_RUN_DIR", self.run_dir.display().to_string()),
+            ("AMBIT_HOST_NETNS", host.display().to_string()),
+            ("AMBIT_HEALTH_ADDR", "127.0.0.1:0".into()),
+            ("AMBIT_METRICS_ADDR", "127.0.0.1:0".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        AgentConfig::from_vars(&vars).unwrap()
+    }
+
+    fn ip(&self, pod: &str) -> IpAddr {
+        IpAddr::V4(self.topo.pod(pod).ip())
+    }
+}
+
+/// A pod source whose namespace `demo` is ambient.
+fn ambient_source() -> LocalPodSource {
+    let source = LocalPodSource::new();
+    source.upsert_namespace(ambient_demo());
+    source
+}
+
+fn ambient_demo() -> Namespace {
+    Namespace {
+        name: "demo".into(),
+        labels: BTreeMap::from([(MODE.to_string(), "ambient".to_string())]),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enrol_verify_repair_unenrol() {
     if !netns_capable_or_skip("enrol_verify_repair_unenrol") {
         return;
     }
-    let topo = Topology::builder()
-        .node("n")
-        .pod("n", "p1")
-        .pod("n", "p2")
-        .pod("n", "p3")
-        .build()
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let run_dir = dir.path().join("run");
-    let zds_sock = dir.path().join("zt").join("ztunnel.sock");
-    let host = topo.node("n").netns().path();
-    let vars: Vec<(String, String)> = [
-        ("ZTUNNEL_UDS_ADDRESS", zds_sock.display().to_string()),
-        ("CNI_AGENT_RUN_DIR", run_dir.display().to_string()),
-        ("AMBIT_HOST_NETNS", host.display().to_string()),
-        ("AMBIT_HEALTH_ADDR", "127.0.0.1:0".into()),
-        ("AMBIT_METRICS_ADDR", "127.0.0.1:0".into()),
-        ("AMBIT_VERIFY_INTERVAL", "300ms".into()),
-        ("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", "true".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let cfg = AgentConfig::from_vars(&vars).unwrap();
-
-    let source = LocalPodSource::new();
-    source.upsert_namespace(Namespace {
-        name: "demo".into(),
-        labels: BTreeMap::from([(MODE.to_string(), "ambient".to_string())]),
-    });
-    let ip = |p: &str| IpAddr::V4(topo.pod(p).ip());
+    let node = Node::new(&["p1", "p2", "p3"]);
+    let (topo, run_dir, zds_sock) = (&node.topo, &node.run_dir, &node.zds_sock);
+    let cfg = node.config(&[
+        ("AMBIT_VERIFY_INTERVAL", "300ms"),
+        ("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", "true"),
+    ]);
+    let source = ambient_source();
+    let ip = |p: &str| node.ip(p);
     let path = |p: &str| topo.pod(p).netns_path();
     let agent = ambit_agent::start(cfg, source.clone()).await.unwrap();
     assert!(
@@ -110,13 +147,13 @@ async fn enrol_verify_repair_unenrol() {
 
     // No ztunnel yet: the ADD fails closed (rules in place, annotation pending).
     source.upsert_pod(pod("p2", ip("p2"), None));
-    let (code, out) = cni_add(&run_dir, &path("p2"), "p2", ip("p2"));
+    let (code, out) = cni_add(run_dir, &path("p2"), "p2", ip("p2"));
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("no ztunnel"), "{out}");
     assert_eq!(source.redirection("demo", "p2").as_deref(), Some("pending"));
-    assert!(save_nat(&topo, "p2").contains("ISTIO_OUTPUT"));
+    assert!(save_nat(topo, "p2").contains("ISTIO_OUTPUT"));
 
-    let zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
+    let zt = FakeZtunnel::connect(zds_sock, true).unwrap();
     // The pending pod is retried and enabled once ztunnel is there.
     eventually(
         "source.redirection(\"demo\", \"p2\").as_deref() == Some(\"enabled\")",
@@ -127,7 +164,7 @@ async fn enrol_verify_repair_unenrol() {
 
     // CNI ADD of an ambient pod.
     source.upsert_pod(pod("p1", ip("p1"), None));
-    let (code, out) = cni_add(&run_dir, &path("p1"), "p1", ip("p1"));
+    let (code, out) = cni_add(run_dir, &path("p1"), "p1", ip("p1"));
     assert_eq!(code, 0, "{out}");
     assert_eq!(source.redirection("demo", "p1").as_deref(), Some("enabled"));
     assert!(
@@ -135,24 +172,34 @@ async fn enrol_verify_repair_unenrol() {
             .iter()
             .any(|s| matches!(s, Seen::Add { uid, fds: 1, .. } if uid == "uid-p1"))
     );
-    assert!(probe_set(&topo, "n").contains(&ip("p1").to_string()));
-    let nat = save_nat(&topo, "p1");
+    assert!(probe_set(topo, "n").contains(&ip("p1").to_string()));
+    let nat = save_nat(topo, "p1");
     assert!(nat.contains("--to-ports 15001"), "{nat}");
 
     // Not ambient: 200 and nothing done.
     let mut other = pod("p3", ip("p3"), None);
     other.labels.insert(MODE.into(), "none".into());
     source.upsert_pod(other);
-    let (code, out) = cni_add(&run_dir, &path("p3"), "p3", ip("p3"));
+    let (code, out) = cni_add(run_dir, &path("p3"), "p3", ip("p3"));
     assert_eq!(code, 0, "{out}");
     assert_eq!(source.redirection("demo", "p3"), None);
-    assert!(!save_nat(&topo, "p3").contains("ISTIO"));
+    assert!(!save_nat(topo, "p3").contains("ISTIO"));
 
-    // No silent bypass: flush p1's nat rules; one verification pass restores them.
+    // No silent bypass: flush p1's nat rules; one verification pass restores them. Even
+    // once passes no longer read p1's unchanged rules (the flush is a commit).
+    let unchanged = agent.metrics.unchanged_checks.get();
+    eventually("passes find the enrolled pods unchanged", WAIT, || {
+        agent.metrics.unchanged_checks.get() >= unchanged + 4
+    })
+    .await;
     let flushed = topo.exec("p1", &["iptables", "-t", "nat", "-F"]).unwrap();
     assert!(flushed.status.success());
-    eventually("agent.metrics.repairs.get() >= 1 && save_nat(&topo, \"p1\").contains(\"--to-ports 15001\")", WAIT, || agent.metrics.repairs.get() >= 1
-            && save_nat(&topo, "p1").contains("--to-ports 15001")).await;
+    eventually(
+        "agent.metrics.repairs.get() >= 1 && save_nat(topo, \"p1\").contains(\"--to-ports 15001\")",
+        WAIT,
+        || agent.metrics.repairs.get() >= 1 && save_nat(topo, "p1").contains("--to-ports 15001"),
+    )
+    .await;
     eventually("agent.metrics.unprotected.get() == 0", WAIT, || {
         agent.metrics.unprotected.get() == 0
     })
@@ -192,16 +239,16 @@ async fn enrol_verify_repair_unenrol() {
         || source.redirection("demo", "p1").is_none(),
     )
     .await;
-    assert!(!save_nat(&topo, "p1").contains("ISTIO"));
+    assert!(!save_nat(topo, "p1").contains("ISTIO"));
     // Neither guard table is left in the un-enrolled pod.
     eventually("no guard table left in p1", WAIT, || {
-        !nft_tables(&topo, "p1").contains("ambit-guard")
+        !nft_tables(topo, "p1").contains("ambit-guard")
     })
     .await;
     assert!(zt.seen().contains(&Seen::Del {
         uid: "uid-p1".into()
     }));
-    assert!(!probe_set(&topo, "n").contains(&ip("p1").to_string()));
+    assert!(!probe_set(topo, "n").contains(&ip("p1").to_string()));
 
     // Pod deletion: Del to ztunnel.
     source.delete_pod("demo", "p2");
@@ -227,31 +274,13 @@ async fn unknown_namespace_holds_then_fails_the_add() {
     if !netns_capable_or_skip("unknown_namespace_holds_then_fails_the_add") {
         return;
     }
-    let topo = Topology::builder()
-        .node("n")
-        .pod("n", "p1")
-        .pod("n", "p2")
-        .build()
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let run_dir = dir.path().join("run");
-    let zds_sock = dir.path().join("zt").join("ztunnel.sock");
-    let host = topo.node("n").netns().path();
-    let vars: Vec<(String, String)> = [
-        ("ZTUNNEL_UDS_ADDRESS", zds_sock.display().to_string()),
-        ("CNI_AGENT_RUN_DIR", run_dir.display().to_string()),
-        ("AMBIT_HOST_NETNS", host.display().to_string()),
-        ("AMBIT_HEALTH_ADDR", "127.0.0.1:0".into()),
-        ("AMBIT_METRICS_ADDR", "127.0.0.1:0".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let cfg = AgentConfig::from_vars(&vars).unwrap();
+    let node = Node::new(&["p1", "p2"]);
+    let (topo, run_dir, zds_sock) = (&node.topo, &node.run_dir, &node.zds_sock);
+    let cfg = node.config(&[]);
     let source = LocalPodSource::new();
     let agent = ambit_agent::start(cfg, source.clone()).await.unwrap();
-    let _zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
-    let ip = |p: &str| IpAddr::V4(topo.pod(p).ip());
+    let _zt = FakeZtunnel::connect(zds_sock, true).unwrap();
+    let ip = |p: &str| node.ip(p);
     let add = |p: &'static str| {
         let (run_dir, netns, ip) = (run_dir.clone(), topo.pod(p).netns_path(), ip(p));
         tokio::task::spawn_blocking(move || cni_add(&run_dir, &netns, p, ip))
@@ -270,14 +299,11 @@ async fn unknown_namespace_holds_then_fails_the_add() {
     // Deliberately late (the ADD is waiting by then on any sane machine; if not, the
     // namespace is simply known already and the assertions still hold).
     tokio::time::sleep(Duration::from_millis(100)).await;
-    source.upsert_namespace(Namespace {
-        name: "demo".into(),
-        labels: BTreeMap::from([(MODE.to_string(), "ambient".to_string())]),
-    });
+    source.upsert_namespace(ambient_demo());
     let (code, out) = pending.await.unwrap();
     assert_eq!(code, 0, "{out}");
     assert_eq!(source.redirection("demo", "p2").as_deref(), Some("enabled"));
-    assert!(save_nat(&topo, "p2").contains("--to-ports 15001"));
+    assert!(save_nat(topo, "p2").contains("--to-ports 15001"));
 
     // The runtime retries p1's sandbox: now it is captured too.
     let (code, out) = add("p1").await.unwrap();
@@ -305,45 +331,24 @@ async fn repair_deletes_conntrack_entries_that_bypassed() {
     if !netns_capable_or_skip("repair_deletes_conntrack_entries_that_bypassed") {
         return;
     }
-    let topo = Topology::builder()
-        .node("n")
-        .pod("n", "p1")
-        .pod("n", "p2")
-        .build()
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let run_dir = dir.path().join("run");
-    let zds_sock = dir.path().join("zt").join("ztunnel.sock");
-    let host = topo.node("n").netns().path();
-    let vars: Vec<(String, String)> = [
-        ("ZTUNNEL_UDS_ADDRESS", zds_sock.display().to_string()),
-        ("CNI_AGENT_RUN_DIR", run_dir.display().to_string()),
-        ("AMBIT_HOST_NETNS", host.display().to_string()),
-        ("AMBIT_HEALTH_ADDR", "127.0.0.1:0".into()),
-        ("AMBIT_METRICS_ADDR", "127.0.0.1:0".into()),
+    let node = Node::new(&["p1", "p2"]);
+    let (topo, run_dir, zds_sock) = (&node.topo, &node.run_dir, &node.zds_sock);
+    let cfg = node.config(&[
         // Long enough that the plaintext connection is made before the repair, which only
         // the period may make here (a repair on change would come before the connection).
-        ("AMBIT_VERIFY_INTERVAL", "2s".into()),
-        ("AMBIT_WATCH_RULES", "false".into()),
+        ("AMBIT_VERIFY_INTERVAL", "2s"),
+        ("AMBIT_WATCH_RULES", "false"),
         // Without the fail-closed guard (a kernel without owned nft tables, or turned off):
         // with it the plaintext connection this test needs never gets out of the pod
         // (`crates/redirect/tests/guard.rs`).
-        ("AMBIT_RULE_GUARD", "false".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let cfg = AgentConfig::from_vars(&vars).unwrap();
-    let source = LocalPodSource::new();
-    source.upsert_namespace(Namespace {
-        name: "demo".into(),
-        labels: BTreeMap::from([(MODE.to_string(), "ambient".to_string())]),
-    });
-    let ip = |p: &str| IpAddr::V4(topo.pod(p).ip());
+        ("AMBIT_RULE_GUARD", "false"),
+    ]);
+    let source = ambient_source();
+    let ip = |p: &str| node.ip(p);
     let agent = ambit_agent::start(cfg, source.clone()).await.unwrap();
-    let _zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
+    let _zt = FakeZtunnel::connect(zds_sock, true).unwrap();
     source.upsert_pod(pod("p1", ip("p1"), None));
-    let (code, out) = cni_add(&run_dir, &topo.pod("p1").netns_path(), "p1", ip("p1"));
+    let (code, out) = cni_add(run_dir, &topo.pod("p1").netns_path(), "p1", ip("p1"));
     assert_eq!(code, 0, "{out}");
 
     // p2 is not enrolled: a plain server.
@@ -365,18 +370,18 @@ async fn repair_deletes_conntrack_entries_that_bypassed() {
     .unwrap();
     let (served, _) = listener.accept().unwrap();
     let sport = stream.local_addr().unwrap().port();
-    let before = conntrack_line(&topo, sport, p2).expect("entry of the plaintext flow");
+    let before = conntrack_line(topo, sport, p2).expect("entry of the plaintext flow");
     assert!(!before.contains("sport=15001"), "{before}");
 
     // The agent repairs the rules, and the plaintext flow's entry goes with the repair.
     eventually("p1's nat rules repaired", WAIT, || {
-        agent.metrics.repairs.get() >= 1 && save_nat(&topo, "p1").contains("--to-ports 15001")
+        agent.metrics.repairs.get() >= 1 && save_nat(topo, "p1").contains("--to-ports 15001")
     })
     .await;
     eventually(
         "the plaintext flow's conntrack entry is gone after the repair",
         WAIT,
-        || conntrack_line(&topo, sport, p2).is_none(),
+        || conntrack_line(topo, sport, p2).is_none(),
     )
     .await;
 
@@ -429,34 +434,13 @@ async fn flushed_rules_are_repaired_on_the_change_notification() {
             "--to-ports 15001",
         ),
     ];
-    let mut b = Topology::builder().node("n");
-    for (p, ..) in &cases {
-        b = b.pod("n", *p);
-    }
-    let topo = b.build().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let run_dir = dir.path().join("run");
-    let zds_sock = dir.path().join("zt").join("ztunnel.sock");
-    let host = topo.node("n").netns().path();
-    let vars: Vec<(String, String)> = [
-        ("ZTUNNEL_UDS_ADDRESS", zds_sock.display().to_string()),
-        ("CNI_AGENT_RUN_DIR", run_dir.display().to_string()),
-        ("AMBIT_HOST_NETNS", host.display().to_string()),
-        ("AMBIT_HEALTH_ADDR", "127.0.0.1:0".into()),
-        ("AMBIT_METRICS_ADDR", "127.0.0.1:0".into()),
-        ("AMBIT_VERIFY_INTERVAL", "0".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let cfg = AgentConfig::from_vars(&vars).unwrap();
-    let source = LocalPodSource::new();
-    source.upsert_namespace(Namespace {
-        name: "demo".into(),
-        labels: BTreeMap::from([(MODE.to_string(), "ambient".to_string())]),
-    });
+    let pods: Vec<&str> = cases.iter().map(|(p, ..)| *p).collect();
+    let node = Node::new(&pods);
+    let (topo, run_dir, zds_sock) = (&node.topo, &node.run_dir, &node.zds_sock);
+    let cfg = node.config(&[("AMBIT_VERIFY_INTERVAL", "0")]);
+    let source = ambient_source();
     let agent = ambit_agent::start(cfg, source.clone()).await.unwrap();
-    let _zt = FakeZtunnel::connect(&zds_sock, true).unwrap();
+    let _zt = FakeZtunnel::connect(zds_sock, true).unwrap();
     let save = |p: &str, table: &str| {
         let out = topo.exec(p, &["iptables-save", "-t", table]).unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
@@ -464,7 +448,7 @@ async fn flushed_rules_are_repaired_on_the_change_notification() {
     for (p, flush, table, line) in cases {
         let ip = IpAddr::V4(topo.pod(p).ip());
         source.upsert_pod(pod(p, ip, None));
-        let (code, out) = cni_add(&run_dir, &topo.pod(p).netns_path(), p, ip);
+        let (code, out) = cni_add(run_dir, &topo.pod(p).netns_path(), p, ip);
         assert_eq!(code, 0, "{out}");
         assert!(save(p, table).contains(line), "{p}: {}", save(p, table));
         let repairs = agent.metrics.repairs.get();
@@ -481,7 +465,7 @@ async fn flushed_rules_are_repaired_on_the_change_notification() {
     // The whole-ruleset flush deleted p3's standby guard table too (the owned one stays):
     // the same check puts it back.
     eventually("p3: standby guard table re-created", REACTION, || {
-        nft_tables(&topo, "p3").contains("table inet ambit-guard-standby")
+        nft_tables(topo, "p3").contains("table inet ambit-guard-standby")
     })
     .await;
 }

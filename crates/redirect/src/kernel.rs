@@ -17,7 +17,7 @@ pub mod guard;
 pub(crate) mod nft;
 pub(crate) mod rtnl;
 pub(crate) mod sock_diag;
-mod socket;
+pub(crate) mod socket;
 pub mod watch;
 
 use ambit_netns::{NetnsError, NetnsFd, run_in_netns_thread};

@@ -9,7 +9,7 @@ use crate::runner::NetnsRunner;
 
 mod in_process;
 
-pub use in_process::VerifyMemo;
+pub use in_process::{RulesMark, VerifyMemo, Visit};
 
 /// One pod's redirection: which backend writes it and what it contains.
 #[derive(Debug, Clone)]

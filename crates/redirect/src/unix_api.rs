@@ -9,9 +9,9 @@ pub use crate::config::{
 pub use crate::host::HostRules;
 pub use crate::kernel::KernelError;
 pub use crate::kernel::guard::Guard;
-pub use crate::kernel::sock_diag::listening_tcp_ports;
+pub use crate::kernel::sock_diag::{listening_tcp_ports, tcp_listeners_at};
 pub use crate::kernel::watch::{Drained, RulesetWatch};
-pub use crate::pod::{InPod, VerifyMemo};
+pub use crate::pod::{InPod, RulesMark, VerifyMemo, Visit};
 pub use crate::probe_set::{ProbeSet, ProbeSetError};
 pub use crate::runner::{
     Cmd, CmdOutput, CurrentNetns, FdRunner, HostRunner, IpNetnsExec, NetnsRunner, Nsenter, RunError,

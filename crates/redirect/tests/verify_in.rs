@@ -20,7 +20,9 @@ use ambit_netns::NetnsFd;
 use ambit_redirect::config::{Backend, Family, PodRedirectConfig};
 use ambit_redirect::iptables::{self, Chain, Table};
 use ambit_redirect::nft;
-use ambit_redirect::{Cmd, CmdOutput, InPod, NetnsRunner, RunError, VerifyMemo, VerifyReport};
+use ambit_redirect::{
+    Cmd, CmdOutput, InPod, NetnsRunner, RulesMark, RunError, VerifyMemo, VerifyReport, Visit,
+};
 
 /// Runs commands in a namespace held by fd, counting them; `legacy` swaps the iptables
 /// tools for their legacy (x_tables) variant.
@@ -137,6 +139,19 @@ enum Expect {
     Extra,
     /// Nothing to report (the change removed what the plan no longer requires).
     Clean,
+}
+
+impl Expect {
+    /// What `report` reports a drift as.
+    fn of(report: &VerifyReport) -> Self {
+        if report.missing().count() > 0 {
+            Expect::Missing
+        } else if report.is_clean() {
+            Expect::Clean
+        } else {
+            Expect::Extra
+        }
+    }
 }
 
 /// One change to a pod's kernel state, as the commands that make it.
@@ -384,14 +399,12 @@ fn verify_in_reports_what_verify_reports_on_every_drift() {
                     run_drift(&ns, c);
                 }
                 let report = assert_same(&pod, &ns, &memo, &ctx);
-                let got = if report.missing().count() > 0 {
-                    Expect::Missing
-                } else if report.is_clean() {
-                    Expect::Clean
-                } else {
-                    Expect::Extra
-                };
-                assert_eq!(got, d.expect, "{ctx}: {:#?}", report.findings);
+                assert_eq!(
+                    Expect::of(&report),
+                    d.expect,
+                    "{ctx}: {:#?}",
+                    report.findings
+                );
             }
         }
     }
@@ -433,6 +446,81 @@ fn legacy_iptables_is_verified_by_the_tools_every_time() {
     let report = pod.verify_in(&ns.fd, &ns, &memo).unwrap();
     assert_eq!(report, pod.verify(&ns).unwrap());
     assert!(report.missing().count() > 0, "{report:#?}");
+}
+
+/// One `verify_here` visit to `ns` with the pod's mark, from this thread.
+fn visit(pod: &InPod, ns: &Ns, memo: &VerifyMemo, mark: &RulesMark) -> Visit {
+    ambit_netns::in_netns(&ns.fd, || pod.verify_here(ns, memo, mark))
+        .unwrap()
+        .unwrap()
+}
+
+/// The agent visits each pod with the pod's `RulesMark`: once a visit found its rules
+/// complete, the next ones do not read the rulesets again while the namespace's nf_tables
+/// generation stays; any commit there (every drift, and a change with its undo) makes the
+/// next visit read and judge them, and routing and the sysctl are read every time. With or
+/// without reading, a visit reports exactly what `InPod::verify` reports.
+#[test]
+fn a_marked_pod_is_read_again_after_any_commit() {
+    if !ambit_netns::testing::netns_capable_or_skip("a_marked_pod_is_read_again_after_any_commit") {
+        return;
+    }
+    for backend in [Backend::Iptables, Backend::Nftables] {
+        let pod = InPod::new(backend, config(Variant::Default));
+        let memo = VerifyMemo::default();
+        let ctx = format!("{backend:?}");
+        let ns = Ns::new(false);
+        pod.apply(&ns).unwrap();
+        let mark = RulesMark::default();
+        let first = visit(&pod, &ns, &memo, &mark);
+        assert!(
+            first.report.is_clean() && !first.unchanged,
+            "{ctx}: {first:#?}"
+        );
+        let before = ns.count();
+        let again = visit(&pod, &ns, &memo, &mark);
+        assert!(
+            again.report.is_clean() && again.unchanged,
+            "{ctx}: {again:#?}"
+        );
+        assert_eq!(
+            ns.count(),
+            before,
+            "{ctx}: an unchanged pod started processes"
+        );
+        bump_generation(&ns);
+        let bumped = visit(&pod, &ns, &memo, &mark);
+        assert!(
+            bumped.report.is_clean() && !bumped.unchanged,
+            "{ctx}: after a change and its undo: {bumped:#?}"
+        );
+        drop(ns);
+
+        for d in drifts(&pod) {
+            let ctx = format!("{ctx}: {}", d.what);
+            let ns = Ns::new(false);
+            pod.apply(&ns).unwrap();
+            let mark = RulesMark::default();
+            visit(&pod, &ns, &memo, &mark);
+            assert!(visit(&pod, &ns, &memo, &mark).unchanged, "{ctx}");
+            for c in &d.commands {
+                run_drift(&ns, c);
+            }
+            let found = visit(&pod, &ns, &memo, &mark);
+            assert_eq!(found.report, pod.verify(&ns).unwrap(), "{ctx}");
+            let kernel_tables = !matches!(d.commands[0][0].as_str(), "ip" | "sysctl");
+            assert_eq!(
+                found.unchanged, !kernel_tables,
+                "{ctx}: read again only after a commit"
+            );
+            assert_eq!(Expect::of(&found.report), d.expect, "{ctx}: {found:#?}");
+            if d.expect == Expect::Missing {
+                // Still missing on the next visit: a finding never leaves a mark behind.
+                let next = visit(&pod, &ns, &memo, &mark);
+                assert_eq!(next.report, found.report, "{ctx}: the next visit");
+            }
+        }
+    }
 }
 
 /// Moves `ns`'s nf_tables generation without changing any ruleset: a commit that adds a
@@ -479,14 +567,12 @@ fn one_verdict_serves_every_pod_with_the_same_rules() {
                 run_drift(&other, c);
             }
             let report = assert_same(&pod, &other, &memo, &ctx);
-            let got = if report.missing().count() > 0 {
-                Expect::Missing
-            } else if report.is_clean() {
-                Expect::Clean
-            } else {
-                Expect::Extra
-            };
-            assert_eq!(got, d.expect, "{ctx}: {:#?}", report.findings);
+            assert_eq!(
+                Expect::of(&report),
+                d.expect,
+                "{ctx}: {:#?}",
+                report.findings
+            );
             let before = first.count();
             assert!(
                 pod.verify_in(&first.fd, &first, &memo).unwrap().is_clean(),

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use ambit_netns::NetnsFd;
-use ambit_redirect::{Guard, IfaceName, InPod, KernelError, PodRedirectConfig};
+use ambit_redirect::{Guard, IfaceName, InPod, KernelError, PodRedirectConfig, RulesMark};
 
 use super::aws_eni;
 use super::rules_watch::{self, Verifier, WatchHandle};
-use super::verify::{rules_present, ztunnel_listening};
+use super::verify::{Enrolled, check_pod, rules_present, ztunnel_listening};
 use super::{Core, Key, SharedGuard};
 use crate::pods::{ENABLED, PENDING, Pod, PodSource, SourceError};
 use ambit_contract::zds::PodUid;
@@ -38,6 +38,9 @@ pub(crate) struct Slot {
     /// kernel); dropping the last handle removes the owned guard table, the standby table
     /// stays until removed (`ambit_redirect::kernel::guard` docs).
     pub guard: Option<SharedGuard>,
+    /// The nf_tables generation of its last clean verification (fresh for every slot: it
+    /// stands for this `inpod` in this `netns`).
+    pub mark: Arc<RulesMark>,
 }
 
 /// Failure of a mesh operation; `retryable` ones are retried by the worker.
@@ -253,6 +256,7 @@ impl<S: PodSource> Core<S> {
                 acked: false,
                 _watch: watch,
                 guard,
+                mark: Arc::default(),
             },
         );
         // c. ztunnel; failure leaves the rules in place (fail closed) and marks pending.
@@ -438,37 +442,54 @@ impl<S: PodSource> Core<S> {
     }
 
     /// Verifies (and repairs) the enrolled pods in `only`, or all; returns how many stayed
-    /// unprotected.
+    /// unprotected. One blocking task checks them all, one visit per pod (a thread per
+    /// read and a task switch per pod were most of a pass's cost at 1,000 pods).
     async fn verify_pods(&self, only: Option<&[String]>) -> i64 {
-        type Entry = (String, Arc<NetnsFd>, InPod, bool, Option<SharedGuard>);
-        let snapshot: Vec<Entry> = self
+        let snapshot: Vec<(String, Enrolled)> = self
             .enrolled
             .lock()
             .await
             .iter()
             .filter(|(uid, _)| only.is_none_or(|o| o.contains(uid)))
             .map(|(uid, s)| {
-                (
-                    uid.clone(),
-                    s.netns.clone(),
-                    s.inpod.clone(),
-                    s.acked,
-                    s.guard.clone(),
-                )
+                let pod = Enrolled {
+                    netns: s.netns.clone(),
+                    ips: s.ips.clone(),
+                    inpod: s.inpod.clone(),
+                    acked: s.acked,
+                    guard: s.guard.clone(),
+                    mark: s.mark.clone(),
+                };
+                (uid.clone(), pod)
             })
             .collect();
+        let pods: Vec<(String, Arc<NetnsFd>)> = snapshot
+            .iter()
+            .map(|(uid, p)| (uid.clone(), p.netns.clone()))
+            .collect();
+        let verdicts = self.verdicts.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            snapshot
+                .iter()
+                .map(|(uid, pod)| check_pod(uid, pod, &verdicts))
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let checked = checked.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "verification pass failed; re-checking every pod");
+            Vec::new()
+        });
+        self.metrics.pod_checks.inc_by(checked.len() as u64);
+        let unchanged = checked.iter().filter(|c| c.unchanged).count();
+        self.metrics.unchanged_checks.inc_by(unchanged as u64);
         let mut unprotected = 0i64;
-        for (uid, netns, inpod, acked, guard) in snapshot {
-            let standby_ok = match guard {
-                Some(guard) => standby_intact(&uid, guard).await,
-                None => true,
+        for (i, (uid, netns)) in pods.into_iter().enumerate() {
+            // A pass that did not come back checks every pod again under the lock.
+            let standby_ok = match checked.get(i) {
+                Some(c) if c.ok() => continue,
+                Some(c) => c.standby_ok,
+                None => false,
             };
-            if standby_ok
-                && rules_present(&inpod, &netns, &self.verdicts).await
-                && (!acked || listening(&netns).await)
-            {
-                continue;
-            }
             let mut enrolled = self.enrolled.lock().await;
             // The pod may have been removed or re-enrolled meanwhile: only repair the slot
             // that was checked.
@@ -552,23 +573,6 @@ async fn flush_bypassed(slot: &Slot) {
             tracing::warn!(pod = %slot.pod.name, error = %e, "deleting bypassing conntrack entries failed")
         }
     }
-}
-
-/// Whether the pod's standby guard table still matches the owned one (not deleted,
-/// flushed or edited in the pod). A failed read counts as intact (the owned table guards;
-/// the next pass reads again): logged.
-async fn standby_intact(uid: &str, guard: SharedGuard) -> bool {
-    let read = blocking(move || {
-        guard
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .standby_intact()
-    })
-    .await;
-    read.unwrap_or_else(|e| {
-        tracing::warn!(uid, error = %e, "cannot read the standby guard table");
-        true
-    })
 }
 
 /// Re-creates an enrolled pod's standby guard table; logged, never fatal (the owned table

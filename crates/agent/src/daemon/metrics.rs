@@ -47,6 +47,12 @@ pub struct Metrics {
     pub unprotected: Gauge,
     /// `ambit_pod_repairs_total`: rules re-applied or ztunnel re-adds by verification.
     pub repairs: Counter,
+    /// `ambit_verify_pod_checks_total`: enrolled pods checked by verification passes.
+    pub pod_checks: Counter,
+    /// `ambit_verify_unchanged_pod_checks_total`: of those, checks that found the pod's
+    /// nf_tables state unchanged since its last clean check and did not read its rules
+    /// again (routing, guard and listeners are read on every check).
+    pub unchanged_checks: Counter,
     /// The registry holding all of the above.
     pub registry: Registry,
 }
@@ -90,6 +96,16 @@ impl Metrics {
             "ambit_pod_repairs",
             "Repairs done by the verification loop",
             m.repairs.clone(),
+        );
+        r.register(
+            "ambit_verify_pod_checks",
+            "Enrolled pods checked by verification passes",
+            m.pod_checks.clone(),
+        );
+        r.register(
+            "ambit_verify_unchanged_pod_checks",
+            "Pod checks that found the pod's nf_tables state unchanged since its last clean check",
+            m.unchanged_checks.clone(),
         );
         m.registry = r;
         m

@@ -209,6 +209,7 @@ impl<S: PodSource> Core<S> {
                     acked: true,
                     _watch: watch,
                     guard,
+                    mark: Default::default(),
                     pod,
                 },
             );

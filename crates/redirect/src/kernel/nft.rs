@@ -232,6 +232,11 @@ impl Ruleset {
         })
     }
 
+    /// The generation the ruleset was read at.
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation
+    }
+
     /// Whether `self` and `other` describe the same rules, read at the same generation (no
     /// commit happened in between, so not even a change and its undo).
     pub(crate) fn same_state(&self, other: &Ruleset) -> bool {
@@ -360,7 +365,9 @@ impl<T: Emitable> NlaBytes for T {
     }
 }
 
-fn read_generation(nl: &mut Netlink) -> Result<u32, KernelError> {
+/// The ruleset generation of the socket's namespace: the kernel moves it on every
+/// nf_tables commit there.
+pub(crate) fn read_generation(nl: &mut Netlink) -> Result<u32, KernelError> {
     let req = NetfilterMessage::new(
         NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, 0),
         NfTablesMessage::GetGen(GenMessage { attributes: vec![] }),
