@@ -100,6 +100,17 @@ impl Node for CriNode {
             .collect())
     }
 
+    async fn locate(&mut self, uid: &str) -> Result<Option<HnsPodNamespace>, NodeError> {
+        let mut client = match self.client.take() {
+            Some(c) => c,
+            None => CriClient::connect(&self.endpoint, CRI_TIMEOUT).await?,
+        };
+        let wanted = BTreeSet::from([uid.to_owned()]);
+        let lookup = client.pod_namespaces(&wanted).await?;
+        self.client = Some(client);
+        running::located(&lookup, uid).map_err(NodeError::from)
+    }
+
     fn release(&mut self, ns: &HnsPodNamespace) -> Result<(), NodeError> {
         let found = match enrol::namespace(ns.guid) {
             Ok(found) => found,

@@ -76,6 +76,15 @@ pub trait Node: Send {
         &mut self,
         uids: &BTreeSet<String>,
     ) -> impl Future<Output = Result<Captures<Self::Error>, Self::Error>> + Send;
+    /// The HNS namespace of the pod `uid`'s sandbox as the runtime reports it, touching no
+    /// policy (`None`: the runtime runs no sandbox of it); `Err` when the runtime cannot be
+    /// asked or cannot say (a sandbox it lists but does not describe). For a pod an earlier
+    /// agent enrolled and this one never captured, so that its release can find the
+    /// policies.
+    fn locate(
+        &mut self,
+        uid: &str,
+    ) -> impl Future<Output = Result<Option<PodNamespace>, Self::Error>> + Send;
     /// Takes the policies off the namespace's endpoints; a namespace that is gone is done.
     fn release(&mut self, ns: &PodNamespace) -> Result<(), Self::Error>;
     /// Re-reads an enrolled pod's namespace (its endpoints now) and each endpoint's
@@ -281,6 +290,9 @@ struct Tracked {
 struct Release {
     pod: Pod,
     hns: Option<PodNamespace>,
+    /// The namespace is to be asked of the runtime first: an earlier agent enrolled the pod
+    /// (its annotation says so) and this one never captured it.
+    locate: bool,
     /// Whether the pod still exists (un-labelled), so its annotation is removed.
     unannotate: bool,
     due: Instant,
@@ -510,11 +522,35 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
             }
             live => {
                 let Some(t) = self.tracked.remove(uid) else {
-                    if live.is_none() {
+                    match live {
                         // A deleted pod's annotation needs no removal.
-                        if let Some(r) = self.releases.get_mut(uid) {
-                            r.unannotate = false;
+                        None => {
+                            if let Some(r) = self.releases.get_mut(uid) {
+                                r.unannotate = false;
+                            }
                         }
+                        // Un-labelled (or opted out) while no agent ran: the earlier agent's
+                        // policies may still be on its endpoints, redirecting its traffic
+                        // to a ztunnel that no longer serves it. Found through the runtime,
+                        // released, and only then un-annotated. A pod whose namespace is
+                        // not known yet is not wanted yet either: the release is cancelled
+                        // when the namespace makes it wanted, and none runs before the
+                        // source's initial sync.
+                        Some(pod)
+                            if pod.redirection().is_some() && !self.releases.contains_key(uid) =>
+                        {
+                            let release = Release {
+                                pod,
+                                hns: None,
+                                locate: true,
+                                unannotate: true,
+                                due: now,
+                                failures: 0,
+                                last_error: None,
+                            };
+                            self.releases.insert(uid.to_owned(), release);
+                        }
+                        Some(_) => {}
                     }
                     return;
                 };
@@ -531,6 +567,7 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
                 let release = Release {
                     pod: live.unwrap_or(t.pod),
                     hns,
+                    locate: false,
                     unannotate,
                     due: now,
                     failures: 0,
@@ -712,6 +749,14 @@ impl<N: Node, Z: Ztunnel, S: PodSource> Daemon<N, Z, S> {
             .del(uid)
             .await
             .map_err(|e| format!("pod {pod}: ZDS Del: {e}"))?;
+        if r.locate {
+            r.hns = self
+                .node
+                .locate(uid)
+                .await
+                .map_err(|e| format!("pod {pod}: finding its HNS namespace: {e}"))?;
+            r.locate = false;
+        }
         if let Some(ns) = &r.hns {
             self.node
                 .release(ns)

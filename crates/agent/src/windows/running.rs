@@ -123,6 +123,34 @@ pub async fn capture_running<L: NamespaceLookup>(
     Ok(capture_found(&lookup, hns, eps, cfg, wanted))
 }
 
+/// What `lookup` says of pod `uid`'s namespace, for a release (no HNS call, no policy):
+/// `None` when the runtime runs no sandbox of it, an error when it lists one it could not
+/// describe (asked again later).
+pub fn located<E: std::error::Error + 'static>(
+    lookup: &Lookup,
+    uid: &str,
+) -> Result<Option<PodNamespace>, RunningError<E>> {
+    if let Some(found) = lookup.found.get(uid) {
+        return Ok(Some(PodNamespace {
+            guid: found.namespace,
+            // Not read: a release needs the namespace only.
+            compartment: ambit_contract::windows::NO_COMPARTMENT,
+        }));
+    }
+    let skipped: Vec<String> = (lookup.skipped.iter())
+        .filter(|s| s.uid == uid)
+        .map(|s| format!("{}: {}", s.sandbox, s.reason))
+        .collect();
+    if skipped.is_empty() {
+        Ok(None)
+    } else {
+        Err(RunningError::NoSandbox {
+            uid: uid.to_owned(),
+            skipped,
+        })
+    }
+}
+
 /// [`capture_running`] after the runtime answered: HNS and the policies for each pod of
 /// `wanted` that `lookup` found (no await, so a caller's future holds no HNS reference).
 pub fn capture_found<L: NamespaceLookup>(

@@ -68,6 +68,11 @@ struct NodeState {
     script: BTreeMap<String, VecDeque<Answer>>,
     runtime_down: bool,
     release_fails: u32,
+    /// Per pod UID, the namespace of the sandbox the runtime runs for it (for `locate`).
+    sandboxes: BTreeMap<String, Guid>,
+    /// The next `locate` calls that fail (a runtime that cannot describe the sandbox).
+    locate_fails: u32,
+    locates: Vec<String>,
     captures: Vec<BTreeSet<String>>,
     releases: Vec<Guid>,
     hns: FakeHns,
@@ -244,6 +249,25 @@ impl Node for FakeNode {
     fn verify(&mut self, ns: &PodNamespace) -> Check<FakeError> {
         running::verify_namespace(&*self, &*self, ns.guid, &WfpPolicyConfig::default())
             .map_err(|e| FakeError(e.to_string()))
+    }
+    fn locate(
+        &mut self,
+        uid: &str,
+    ) -> impl Future<Output = Result<Option<PodNamespace>, FakeError>> + Send {
+        let mut st = self.state();
+        st.locates.push(uid.to_owned());
+        let out = if st.runtime_down {
+            Err(FakeError("runtime down".into()))
+        } else if st.locate_fails > 0 {
+            st.locate_fails -= 1;
+            Err(FakeError("sandbox s1: PodSandboxStatus: deadline".into()))
+        } else {
+            Ok(st.sandboxes.get(uid).map(|&guid| PodNamespace {
+                guid,
+                compartment: ambit_contract::windows::NO_COMPARTMENT,
+            }))
+        };
+        std::future::ready(out)
     }
     fn release(&mut self, ns: &PodNamespace) -> Result<(), FakeError> {
         let mut st = self.state();
@@ -1477,4 +1501,166 @@ async fn run_repairs_policies_removed_out_of_band_on_the_next_pass() {
     assert_eq!(node.writes(), vec![(endpoint(2), "Add".to_owned())]);
     stop.send_replace(true);
     assert!(task.await.unwrap().is_ok());
+}
+
+/// A pod an earlier agent enrolled (its annotation says so) that is no longer wanted when
+/// this agent starts (un-labelled, or its namespace opted out, while no agent ran): its
+/// namespace is asked of the runtime, the policies come off, then the annotation; a pod
+/// the runtime no longer runs only loses the annotation; a runtime that cannot say is
+/// asked again after the backoff, the annotation staying meanwhile (the policies may still
+/// be on). A pod that is wanted, or was never enrolled, is not touched.
+#[tokio::test]
+async fn a_pod_unlabelled_while_no_agent_ran_is_released_through_the_runtime() {
+    struct Case {
+        what: &'static str,
+        /// The pod's label and annotation as the API server has them at start.
+        ambient: bool,
+        annotation: Option<&'static str>,
+        /// The runtime's sandbox namespace for it, and how many lookups fail first.
+        sandbox: Option<u128>,
+        locate_fails: u32,
+        /// Expected after the first step, then (if a lookup failed) after the retry.
+        locates: usize,
+        released: Vec<Guid>,
+        annotation_after: Option<&'static str>,
+    }
+    let cases = [
+        Case {
+            what: "enabled, un-labelled, sandbox running",
+            ambient: false,
+            annotation: Some(ENABLED),
+            sandbox: Some(1),
+            locate_fails: 0,
+            locates: 1,
+            released: vec![guid(1)],
+            annotation_after: None,
+        },
+        Case {
+            what: "pending, un-labelled, sandbox running",
+            ambient: false,
+            annotation: Some(PENDING),
+            sandbox: Some(2),
+            locate_fails: 0,
+            locates: 1,
+            released: vec![guid(2)],
+            annotation_after: None,
+        },
+        Case {
+            what: "enabled, un-labelled, no sandbox any more",
+            ambient: false,
+            annotation: Some(ENABLED),
+            sandbox: None,
+            locate_fails: 0,
+            locates: 1,
+            released: vec![],
+            annotation_after: None,
+        },
+        Case {
+            what: "enabled, un-labelled, the runtime cannot say at first",
+            ambient: false,
+            annotation: Some(ENABLED),
+            sandbox: Some(3),
+            locate_fails: 1,
+            locates: 2,
+            released: vec![guid(3)],
+            annotation_after: None,
+        },
+        Case {
+            what: "never enrolled, not wanted",
+            ambient: false,
+            annotation: None,
+            sandbox: Some(4),
+            locate_fails: 0,
+            locates: 0,
+            released: vec![],
+            annotation_after: None,
+        },
+    ];
+    for case in cases {
+        let mut h = Harness::new();
+        let web = pod("web", case.ambient);
+        if let Some(guid_n) = case.sandbox {
+            h.node
+                .state()
+                .sandboxes
+                .insert(web.uid.clone(), guid(guid_n));
+        }
+        h.node.state().locate_fails = case.locate_fails;
+        h.source.local.upsert_pod(web.clone());
+        if let Some(value) = case.annotation {
+            use futures_util::FutureExt;
+            let write = h.source.local.annotate(NS, &web.name, Some(value));
+            write.now_or_never().unwrap().unwrap();
+        }
+        let stored = h.source.local.pod(NS, &web.name).unwrap();
+        h.d.handle(PodEvent::Pod(stored), h.at(0));
+        h.sync();
+        h.step(0).await;
+        if case.locate_fails > 0 {
+            assert_eq!(h.node.state().locates.len(), 1, "{}", case.what);
+            assert!(h.node.state().releases.is_empty(), "{}", case.what);
+            assert_eq!(
+                h.annotation("web").as_deref(),
+                case.annotation,
+                "{}: kept while the policies may be on",
+                case.what
+            );
+            // Not before the backoff, then again.
+            h.step(100).await;
+            assert_eq!(
+                h.node.state().locates.len(),
+                1,
+                "{}: retried early",
+                case.what
+            );
+            h.step(60_000).await;
+        }
+        let st = h.node.state();
+        assert_eq!(st.locates.len(), case.locates, "{}", case.what);
+        assert_eq!(st.releases, case.released, "{}", case.what);
+        assert!(st.captures.is_empty(), "{}: captured", case.what);
+        drop(st);
+        assert_eq!(
+            h.annotation("web").as_deref(),
+            case.annotation_after,
+            "{}",
+            case.what
+        );
+        assert!(h.zt.state().adds.is_empty(), "{}", case.what);
+    }
+}
+
+/// A pod seen before its namespace is not wanted yet: the release that schedules is
+/// cancelled when the namespace makes the pod wanted, before any step runs (steps wait for
+/// the initial sync), so an enrolled pod is never released by the order of the events.
+#[tokio::test]
+async fn a_pod_seen_before_its_ambient_namespace_is_not_released() {
+    let mut h = Harness::new();
+    let web = pod("web", false);
+    h.node.script(&web.uid, &[Answer::Captured(hns(1, 7))]);
+    h.node.state().sandboxes.insert(web.uid.clone(), guid(1));
+    h.source.local.upsert_pod(web.clone());
+    {
+        use futures_util::FutureExt;
+        let write = h.source.local.annotate(NS, &web.name, Some(ENABLED));
+        write.now_or_never().unwrap().unwrap();
+    }
+    let stored = h.source.local.pod(NS, &web.name).unwrap();
+    h.d.handle(PodEvent::Pod(stored), h.at(0));
+    let ambient = Namespace {
+        name: NS.into(),
+        labels: BTreeMap::from([("istio.io/dataplane-mode".into(), "ambient".into())]),
+    };
+    h.d.handle(PodEvent::Namespace(ambient), h.at(0));
+    h.d.handle(PodEvent::Synced, h.at(0));
+    h.step(0).await;
+    let st = h.node.state();
+    assert!(
+        st.locates.is_empty() && st.releases.is_empty(),
+        "{:?}",
+        st.releases
+    );
+    assert_eq!(st.captures.len(), 1);
+    drop(st);
+    assert_eq!(h.annotation("web").as_deref(), Some(ENABLED));
 }
