@@ -466,6 +466,14 @@ impl Harness {
         self.d.handle(PodEvent::Pod(stored), self.at(ms));
     }
 
+    /// The API server's copy of pod `name` gets the redirection annotation `value` (as an
+    /// earlier agent wrote it); the daemon is not told.
+    fn annotate_stored(&self, name: &str, value: &str) {
+        use futures_util::FutureExt;
+        let write = self.source.local.annotate(NS, name, Some(value));
+        write.now_or_never().unwrap().unwrap();
+    }
+
     fn delete(&mut self, p: &Pod, ms: u64) {
         let stored = self.source.local.pod(&p.namespace, &p.name).unwrap();
         self.source.local.delete_pod(&p.namespace, &p.name);
@@ -843,9 +851,7 @@ async fn no_pod_is_annotated_enabled_unless_its_policies_and_zds_add_succeeded()
         Case {
             what: "stale enabled from an earlier agent, capture fails",
             setup: |h, p| {
-                use futures_util::FutureExt;
-                let write = h.source.local.annotate(NS, &p.name, Some(ENABLED));
-                write.now_or_never().unwrap().unwrap();
+                h.annotate_stored(&p.name, ENABLED);
                 let stored = h.source.local.pod(NS, &p.name).unwrap();
                 h.d.handle(PodEvent::Pod(stored), h.at(0));
             },
@@ -1588,9 +1594,7 @@ async fn a_pod_unlabelled_while_no_agent_ran_is_released_through_the_runtime() {
         h.node.state().locate_fails = case.locate_fails;
         h.source.local.upsert_pod(web.clone());
         if let Some(value) = case.annotation {
-            use futures_util::FutureExt;
-            let write = h.source.local.annotate(NS, &web.name, Some(value));
-            write.now_or_never().unwrap().unwrap();
+            h.annotate_stored(&web.name, value);
         }
         let stored = h.source.local.pod(NS, &web.name).unwrap();
         h.d.handle(PodEvent::Pod(stored), h.at(0));
@@ -1640,11 +1644,7 @@ async fn a_pod_seen_before_its_ambient_namespace_is_not_released() {
     h.node.script(&web.uid, &[Answer::Captured(hns(1, 7))]);
     h.node.state().sandboxes.insert(web.uid.clone(), guid(1));
     h.source.local.upsert_pod(web.clone());
-    {
-        use futures_util::FutureExt;
-        let write = h.source.local.annotate(NS, &web.name, Some(ENABLED));
-        write.now_or_never().unwrap().unwrap();
-    }
+    h.annotate_stored(&web.name, ENABLED);
     let stored = h.source.local.pod(NS, &web.name).unwrap();
     h.d.handle(PodEvent::Pod(stored), h.at(0));
     let ambient = Namespace {
