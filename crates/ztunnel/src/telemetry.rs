@@ -16,7 +16,12 @@ pub mod metrics;
 mod process;
 pub mod server;
 
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::hash::Hash;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::LocalKey;
 
 pub use access_log::{AccessLog, ConnectionLog, Direction, connection_failed};
 pub use logging::{LogHandle, init_logging};
@@ -40,4 +45,55 @@ pub enum TelemetryError {
     SubscriberAlreadySet,
     #[error("log filter can no longer be changed: the subscriber is gone")]
     ReloadFailed,
+}
+
+/// Distinct values a [`share`] table keeps per thread before it starts over (values already
+/// handed out stay valid; only sharing with later connections is lost).
+pub(crate) const SHARE_CAPACITY: usize = 1024;
+
+/// A per-thread table of shared values (see [`share`]).
+pub(crate) type ShareTable<T> = RefCell<HashSet<Arc<T>>>;
+
+/// One allocation for every open connection holding an equal `value` on this thread: what
+/// each connection keeps for its whole life (its metric labels, its access-log names) is the
+/// same for every connection between the same two workloads, so an idle connection holds a
+/// pointer instead of a copy. A full table starts over; outside a thread-local context the
+/// value is simply boxed.
+pub(crate) fn share<T: Eq + Hash>(table: &'static LocalKey<ShareTable<T>>, value: T) -> Arc<T> {
+    let mut value = Some(value);
+    table
+        .try_with(|set| {
+            let mut set = set.borrow_mut();
+            let v = value.take().expect("taken once");
+            if let Some(shared) = set.get(&v) {
+                return shared.clone();
+            }
+            if set.len() >= SHARE_CAPACITY {
+                set.clear();
+            }
+            let shared = Arc::new(v);
+            set.insert(shared.clone());
+            shared
+        })
+        .unwrap_or_else(|_| Arc::new(value.take().expect("not taken when the table is gone")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    thread_local! {
+        static TABLE: ShareTable<String> = Default::default();
+    }
+
+    #[test]
+    fn a_full_share_table_starts_over_and_handed_out_values_stay_valid() {
+        let first = share(&TABLE, "value-0".to_owned());
+        assert!(Arc::ptr_eq(&first, &share(&TABLE, "value-0".to_owned())));
+        for i in 0..SHARE_CAPACITY * 2 {
+            assert_eq!(*share(&TABLE, format!("value-{i}")), format!("value-{i}"));
+        }
+        assert_eq!(*first, "value-0");
+        assert!(TABLE.with(|t| t.borrow().len()) <= SHARE_CAPACITY);
+    }
 }

@@ -493,33 +493,15 @@ impl ConnectionGuard {
     }
 }
 
-/// Distinct label sets kept per thread before the table starts over (sets already handed out
-/// stay valid; only sharing with later connections is lost).
-const SHARED_LABELS_CAPACITY: usize = 1024;
-
 thread_local! {
-    static SHARED_LABELS: std::cell::RefCell<std::collections::HashSet<Arc<TrafficLabels>>> =
-        std::cell::RefCell::new(std::collections::HashSet::new());
+    static SHARED_LABELS: super::ShareTable<TrafficLabels> = Default::default();
 }
 
 /// One allocation for every open connection with these labels on this thread: an idle
 /// connection keeps a pointer instead of ~25 (interned) strings of its own, ~400 bytes per
 /// connection and proxy.
 fn shared_labels(labels: TrafficLabels) -> Arc<TrafficLabels> {
-    SHARED_LABELS
-        .try_with(|set| {
-            let mut set = set.borrow_mut();
-            if let Some(shared) = set.get(&labels) {
-                return shared.clone();
-            }
-            if set.len() >= SHARED_LABELS_CAPACITY {
-                set.clear();
-            }
-            let shared = Arc::new(labels.clone());
-            set.insert(shared.clone());
-            shared
-        })
-        .unwrap_or_else(|_| Arc::new(labels))
+    super::share(&SHARED_LABELS, labels)
 }
 
 impl Drop for ConnectionGuard {
