@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::LocalKey;
 
-pub use access_log::{AccessLog, ConnectionLog, Direction, connection_failed};
+pub use access_log::{AccessLog, ConnectionLog, ConnectionNames, Direction, connection_failed};
 pub use logging::{LogHandle, init_logging};
 pub use metrics::{
     ConnectionGuard, ConnectionSecurityPolicy, DnsLabels, Exposition, Metrics, Reporter,

@@ -49,11 +49,11 @@ fn outbound() -> ConnectionLog {
         addr("10.0.0.1:40000"),
         addr("10.0.0.2:15008"),
     );
-    info.src_workload = Some("sleep".into());
-    info.src_namespace = Some("default".into());
-    info.dst_hbone_addr = Some("10.0.0.2:8080".into());
-    info.dst_service = Some("echo.default.svc.cluster.local".into());
-    info.dst_identity = Some("spiffe://cluster.local/ns/default/sa/echo".into());
+    info.names.src_workload = Some("sleep".into());
+    info.names.src_namespace = Some("default".into());
+    info.names.dst_hbone_addr = Some("10.0.0.2:8080".into());
+    info.names.dst_service = Some("echo.default.svc.cluster.local".into());
+    info.names.dst_identity = Some("spiffe://cluster.local/ns/default/sa/echo".into());
     info
 }
 

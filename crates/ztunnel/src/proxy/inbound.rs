@@ -272,8 +272,8 @@ impl StreamCtx {
     /// answered, counted and logged here.
     fn admit(&self, target: &ConnectTarget, responder: Responder) -> Option<Admitted> {
         let mut info = ConnectionLog::new(Direction::Inbound, self.peer, self.local);
-        info.dst_hbone_addr = Some(observe::intern_display(target));
-        info.src_identity = self.src_identity.as_ref().map(observe::intern_display);
+        info.names.dst_hbone_addr = Some(observe::intern_display(target));
+        info.names.src_identity = self.src_identity.as_ref().map(observe::intern_display);
         let mut labels = TrafficLabels::new(Reporter::Destination);
         // Source workload fields come from the workload found by source IP, not the client's
         // baggage (which it controls), like upstream.

@@ -84,16 +84,16 @@ pub fn service(l: &mut TrafficLabels, svc: &Service) {
 }
 
 pub fn log_src(info: &mut ConnectionLog, w: &Workload) {
-    info.src_workload = Some(intern(&w.name));
-    info.src_namespace = Some(intern(w.namespace()));
-    info.src_cluster = (!w.cluster_id.is_empty()).then(|| intern(&w.cluster_id));
+    info.names.src_workload = Some(intern(&w.name));
+    info.names.src_namespace = Some(intern(w.namespace()));
+    info.names.src_cluster = (!w.cluster_id.is_empty()).then(|| intern(&w.cluster_id));
 }
 
 pub fn log_dst(info: &mut ConnectionLog, w: &Workload) {
-    info.dst_workload = Some(intern(&w.name));
-    info.dst_namespace = Some(intern(w.namespace()));
-    info.dst_identity = Some(intern_display(w.identity()));
-    info.dst_cluster = (!w.cluster_id.is_empty()).then(|| intern(&w.cluster_id));
+    info.names.dst_workload = Some(intern(&w.name));
+    info.names.dst_namespace = Some(intern(w.namespace()));
+    info.names.dst_identity = Some(intern_display(w.identity()));
+    info.names.dst_cluster = (!w.cluster_id.is_empty()).then(|| intern(&w.cluster_id));
 }
 
 #[cfg(test)]

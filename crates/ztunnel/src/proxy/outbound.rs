@@ -151,12 +151,12 @@ fn open(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<Op
     let guard = inputs.metrics.connection_opened(labels_for(&src, &route));
     let mut info = ConnectionLog::new(Direction::Outbound, peer, orig);
     observe::log_src(&mut info, &src);
-    info.src_identity = Some(observe::intern_display(src.identity()));
+    info.names.src_identity = Some(observe::intern_display(src.identity()));
     let plan = match route {
         Route::Tcp { dst, workload, .. } => {
             if let Some(w) = &workload {
                 observe::log_dst(&mut info, w);
-                info.dst_identity = None;
+                info.names.dst_identity = None;
             }
             info.dst_addr = dst;
             Plan::Tcp(dst)
@@ -170,9 +170,9 @@ fn open(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<Op
         } => {
             observe::log_dst(&mut info, &workload);
             info.dst_addr = dst;
-            info.dst_hbone_addr = Some(observe::intern_display(&target));
+            info.names.dst_hbone_addr = Some(observe::intern_display(&target));
             if let Some(s) = &service {
-                info.dst_service = Some(observe::intern(s.hostname()));
+                info.names.dst_service = Some(observe::intern(s.hostname()));
             }
             let key = PoolKey {
                 src_identity: src.identity().clone(),

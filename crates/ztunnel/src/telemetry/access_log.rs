@@ -43,13 +43,22 @@ impl Direction {
 pub struct ConnectionLog {
     pub direction: Direction,
     pub src_addr: SocketAddr,
+    /// L4 next hop (e.g. `podIP:15008` for HBONE, the app's address inbound).
+    pub dst_addr: SocketAddr,
+    pub names: ConnectionNames,
+}
+
+/// A record's names: all of it but the addresses and the direction. They are the same for
+/// every connection between the same two workloads, so an open connection holds one shared
+/// copy ([`super::share`]) instead of ten pointers of its own (160 bytes per connection and
+/// proxy).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct ConnectionNames {
     pub src_workload: Option<Arc<str>>,
     pub src_namespace: Option<Arc<str>>,
     /// SPIFFE id of the client; only when it was proven by mTLS.
     pub src_identity: Option<Arc<str>>,
     pub src_cluster: Option<Arc<str>>,
-    /// L4 next hop (e.g. `podIP:15008` for HBONE, the app's address inbound).
-    pub dst_addr: SocketAddr,
     /// The HBONE CONNECT authority, when tunnelled.
     pub dst_hbone_addr: Option<Arc<str>>,
     pub dst_service: Option<Arc<str>>,
@@ -65,40 +74,14 @@ impl ConnectionLog {
         ConnectionLog {
             direction,
             src_addr,
-            src_workload: None,
-            src_namespace: None,
-            src_identity: None,
-            src_cluster: None,
             dst_addr,
-            dst_hbone_addr: None,
-            dst_service: None,
-            dst_workload: None,
-            dst_namespace: None,
-            dst_identity: None,
-            dst_cluster: None,
+            names: ConnectionNames::default(),
         }
     }
 }
 
-/// A record's names: all of it but the addresses and the direction, and the same for every
-/// connection between the same two workloads, so an open connection holds one shared copy
-/// ([`super::share`]) instead of ten pointers of its own (160 bytes per connection and proxy).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Names {
-    src_workload: Option<Arc<str>>,
-    src_namespace: Option<Arc<str>>,
-    src_identity: Option<Arc<str>>,
-    src_cluster: Option<Arc<str>>,
-    dst_hbone_addr: Option<Arc<str>>,
-    dst_service: Option<Arc<str>>,
-    dst_workload: Option<Arc<str>>,
-    dst_namespace: Option<Arc<str>>,
-    dst_identity: Option<Arc<str>>,
-    dst_cluster: Option<Arc<str>>,
-}
-
 thread_local! {
-    static SHARED_NAMES: super::ShareTable<Names> = Default::default();
+    static SHARED_NAMES: super::ShareTable<ConnectionNames> = Default::default();
 }
 
 /// The access log of one connection; log the end with [`AccessLog::complete`].
@@ -107,7 +90,7 @@ pub struct AccessLog {
     direction: Direction,
     src_addr: SocketAddr,
     dst_addr: SocketAddr,
-    names: Arc<Names>,
+    names: Arc<ConnectionNames>,
     started: Instant,
 }
 
@@ -117,7 +100,7 @@ fn format_duration(d: Duration) -> String {
 }
 
 // Events need a constant level, so the field list is written once here and expanded per level.
-// `$at` has the addresses and the direction, `$names` the rest ([`ConnectionLog`] has both).
+// `$at` has the addresses and the direction, `$names` the [`ConnectionNames`].
 macro_rules! access_event {
     ($level:expr, $at:expr, $names:expr, $msg:literal $(, $($extra:tt)+)?) => {
         tracing::event!(
@@ -145,39 +128,12 @@ macro_rules! access_event {
 impl AccessLog {
     /// Starts the record and logs DEBUG "connection opened".
     pub fn opened(info: ConnectionLog) -> Self {
-        access_event!(tracing::Level::DEBUG, info, info, "connection opened");
-        let ConnectionLog {
-            direction,
-            src_addr,
-            src_workload,
-            src_namespace,
-            src_identity,
-            src_cluster,
-            dst_addr,
-            dst_hbone_addr,
-            dst_service,
-            dst_workload,
-            dst_namespace,
-            dst_identity,
-            dst_cluster,
-        } = info;
-        let names = Names {
-            src_workload,
-            src_namespace,
-            src_identity,
-            src_cluster,
-            dst_hbone_addr,
-            dst_service,
-            dst_workload,
-            dst_namespace,
-            dst_identity,
-            dst_cluster,
-        };
+        access_event!(tracing::Level::DEBUG, info, info.names, "connection opened");
         AccessLog {
-            direction,
-            src_addr,
-            dst_addr,
-            names: super::share(&SHARED_NAMES, names),
+            direction: info.direction,
+            src_addr: info.src_addr,
+            dst_addr: info.dst_addr,
+            names: super::share(&SHARED_NAMES, info.names),
             started: Instant::now(),
         }
     }
@@ -243,8 +199,8 @@ mod tests {
             SocketAddr::from(([10, 0, 0, 1], src_port)),
             SocketAddr::from(([10, 0, 0, 2], 8080)),
         );
-        info.src_workload = Some("client".into());
-        info.dst_workload = Some(dst_workload.into());
+        info.names.src_workload = Some("client".into());
+        info.names.dst_workload = Some(dst_workload.into());
         info
     }
 
