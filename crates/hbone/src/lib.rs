@@ -26,7 +26,7 @@ pub mod settings;
 pub mod stream;
 
 pub use authority::{AuthorityError, ConnectTarget, parse_authority};
-pub use client::{ClientError, ConnectResponse, HboneClient};
+pub use client::{ClientError, ConnectResponse, EarlyData, HboneClient};
 pub use copy::{CopyError, CopySide, Transferred, copy_bidirectional};
 pub use headers::{Baggage, BaggageError, Forwarded, ForwardedError, parse_forwarded};
 pub use pool::{Pool, PoolConfig, PoolError};

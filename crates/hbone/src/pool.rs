@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Notify, watch};
 
 use crate::authority::ConnectTarget;
-use crate::client::{ClientError, ConnectResponse, HboneClient};
+use crate::client::{ClientError, ConnectResponse, EarlyData, HboneClient};
 use crate::settings::H2Settings;
 use crate::stream::H2Stream;
 
@@ -203,16 +203,29 @@ where
         target: &ConnectTarget,
         headers: HeaderMap,
     ) -> Result<(ConnectResponse, H2Stream), PoolError> {
+        self.connect_early(key, target, headers, &mut EarlyData::none())
+            .await
+    }
+
+    /// [`connect`](Self::connect), sending `early`'s first bytes with the request (see
+    /// [`EarlyData`]); a retry on a fresh connection sends them again.
+    pub async fn connect_early<S: AsyncRead + Unpin>(
+        &self,
+        key: K,
+        target: &ConnectTarget,
+        headers: HeaderMap,
+        early: &mut EarlyData<'_, S>,
+    ) -> Result<(ConnectResponse, H2Stream), PoolError> {
         let (conn, lease, fresh) = self.checkout(&key).await?;
         if fresh {
             return Ok(conn
                 .client
-                .send_connect_leased(target, headers, Some(lease))
+                .send_connect_leased(target, headers, Some(lease), early)
                 .await?);
         }
         match conn
             .client
-            .send_connect_leased(target, headers.clone(), Some(lease))
+            .send_connect_leased(target, headers.clone(), Some(lease), early)
             .await
         {
             Err(e) if e.is_connection_level() => {
@@ -221,7 +234,7 @@ where
                 let (conn, lease, _) = self.checkout(&key).await?;
                 Ok(conn
                     .client
-                    .send_connect_leased(target, headers, Some(lease))
+                    .send_connect_leased(target, headers, Some(lease), early)
                     .await?)
             }
             r => Ok(r?),

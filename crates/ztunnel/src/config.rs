@@ -199,6 +199,10 @@ pub struct Config {
     #[serde(with = "duration_str")]
     pub connection_termination_deadline: Duration,
     pub worker_threads: usize,
+    /// Bytes of a client's first flight an outbound HBONE CONNECT carries before its
+    /// response arrives (ambit extension `AMBIT_HBONE_EARLY_DATA_BYTES`, 0 = wait for the
+    /// 200 as upstream does). Waypoint-bound CONNECTs never carry any.
+    pub hbone_early_data: usize,
 
     pub admin_addr: SocketAddr,
     pub stats_addr: SocketAddr,
@@ -215,6 +219,12 @@ mod duration_str {
         s.serialize_str(&format!("{d:?}"))
     }
 }
+
+/// Default of [`Config::hbone_early_data`]: a request or a TLS ClientHello fits.
+pub const DEFAULT_HBONE_EARLY_DATA: usize = 16 * 1024;
+/// Upper bound of `AMBIT_HBONE_EARLY_DATA_BYTES`: held per connection until its CONNECT is
+/// answered, and below the smallest initial stream window a peer may announce in practice.
+pub const MAX_HBONE_EARLY_DATA: usize = 64 * 1024;
 
 fn parse_root_cert(v: &str) -> Result<RootCert, String> {
     if v == "SYSTEM" {
@@ -622,6 +632,17 @@ impl Config {
             )
         };
 
+        let hbone_early_data = r.parse(
+            "AMBIT_HBONE_EARLY_DATA_BYTES",
+            DEFAULT_HBONE_EARLY_DATA,
+            |v| match v.trim().parse::<usize>() {
+                Ok(n) if n <= MAX_HBONE_EARLY_DATA => Ok(n),
+                _ => Err(format!(
+                    "expected bytes between 0 and {MAX_HBONE_EARLY_DATA}"
+                )),
+            },
+        );
+
         let ipv6_enabled = r.bool("IPV6_ENABLED", true);
         let log_format = r.parse("LOG_FORMAT", LogFormat::Plain, |v| match v {
             "plain" | "text" => Ok(LogFormat::Plain),
@@ -695,6 +716,7 @@ impl Config {
             keepalive,
             connection_termination_deadline,
             worker_threads,
+            hbone_early_data,
             admin_addr: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ports::ZTUNNEL_ADMIN),
             stats_addr: SocketAddr::new(unspecified, ports::ZTUNNEL_STATS),
             readiness_addr: SocketAddr::new(unspecified, ports::ZTUNNEL_READINESS),
@@ -866,6 +888,32 @@ mod tests {
     }
 
     #[test]
+    fn early_data_bound_forms() {
+        assert_eq!(
+            load(&[]).unwrap().hbone_early_data,
+            DEFAULT_HBONE_EARLY_DATA
+        );
+        // Set but empty is unset, as for every variable.
+        let cases = [
+            ("0", 0),
+            ("1", 1),
+            (" 65536 ", MAX_HBONE_EARLY_DATA),
+            ("", DEFAULT_HBONE_EARLY_DATA),
+        ];
+        for (v, want) in cases {
+            let c = load(&[("AMBIT_HBONE_EARLY_DATA_BYTES", v)]).unwrap();
+            assert_eq!(c.hbone_early_data, want, "{v:?}");
+        }
+        for v in ["-1", "16KiB", "65537"] {
+            let errs = load(&[("AMBIT_HBONE_EARLY_DATA_BYTES", v)]).unwrap_err();
+            assert!(
+                errs.to_string().contains("AMBIT_HBONE_EARLY_DATA_BYTES"),
+                "{v:?}: {errs}"
+            );
+        }
+    }
+
+    #[test]
     fn worker_thread_forms() {
         let cases = [("0", 8), ("3", 3), ("100%", 8), ("1%", 1), ("25%", 2)];
         for (v, want) in cases {
@@ -892,6 +940,7 @@ mod tests {
             ("POOL_UNUSED_RELEASE_TIMEOUT", "5d"),
             ("CONNECTION_TERMINATION_DEADLINE", "soon"),
             ("ZTUNNEL_WORKER_THREADS", "many"),
+            ("AMBIT_HBONE_EARLY_DATA_BYTES", "65537"),
             ("LOG_FORMAT", "xml"),
             ("XDS_ADDRESS", "http://insecure:15010"),
             ("PROXY_WORKLOAD_INFO", "only/two"),

@@ -53,6 +53,8 @@ pub enum Route {
     },
     /// HBONE: mTLS to `dst` (a pod's 15008 or a waypoint), CONNECT `target`.
     Hbone {
+        /// The peer is a waypoint (an Envoy), not a ztunnel.
+        waypoint: bool,
         dst: SocketAddr,
         target: ConnectTarget,
         identities: Vec<SpiffeId>,
@@ -108,22 +110,21 @@ struct Opened {
     plan: Plan,
 }
 
-type Connect = std::pin::Pin<
-    Box<
-        dyn std::future::Future<
-                Output = Result<
-                    (ambit_hbone::ConnectResponse, ambit_hbone::H2Stream),
-                    ambit_hbone::PoolError,
-                >,
-            > + Send,
-    >,
->;
+/// A pooled CONNECT still to be made: what [`open`] resolved for it.
+struct HboneRequest {
+    pool: super::WorkloadPool,
+    key: PoolKey,
+    target: ConnectTarget,
+    headers: HeaderMap,
+    /// Bytes of the client's first flight to send with the request (0: wait for the 200).
+    early_data: usize,
+}
 
 enum Plan {
     Tcp(SocketAddr),
-    /// The pooled CONNECT, boxed: dial, TLS and handshake are large and over once the tunnel
-    /// is up.
-    Hbone(Connect),
+    /// The pooled CONNECT, boxed: the request, and later the dial, TLS and handshake, are
+    /// large and over once the tunnel is up.
+    Hbone(Box<HboneRequest>),
 }
 
 fn open(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<Opened> {
@@ -162,6 +163,7 @@ fn open(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<Op
             Plan::Tcp(dst)
         }
         Route::Hbone {
+            waypoint,
             dst,
             target,
             identities,
@@ -181,9 +183,18 @@ fn open(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<Op
                 src_ip: None,
             };
             let headers = request_headers(&src, peer, service.as_deref());
-            let pool = inputs.pool.clone();
-            Plan::Hbone(Box::pin(async move {
-                pool.connect(key, &target, headers).await
+            // A waypoint is an Envoy: it gets the request as upstream sends it.
+            let early_data = if waypoint {
+                0
+            } else {
+                inputs.cfg.hbone_early_data
+            };
+            Plan::Hbone(Box::new(HboneRequest {
+                pool: inputs.pool.clone(),
+                key,
+                target,
+                headers,
+                early_data,
             }))
         }
     };
@@ -196,6 +207,10 @@ fn open(stream: &TcpStream, peer: SocketAddr, inputs: &ProxyInputs) -> Option<Op
 
 fn response_flag(e: &OutboundError) -> ResponseFlag {
     match e {
+        // The client's own socket failed while the CONNECT was pending.
+        OutboundError::Hbone(ambit_hbone::PoolError::Connect(
+            ambit_hbone::ClientError::EarlyData(_),
+        )) => ResponseFlag::None,
         OutboundError::Hbone(_) | OutboundError::Status(_) | OutboundError::Connect(_) => {
             ResponseFlag::Connect
         }
@@ -228,10 +243,21 @@ async fn proxy_tcp(
 
 async fn proxy_hbone(
     stream: &mut TcpStream,
-    connect: Connect,
+    req: Box<HboneRequest>,
     guard: &ConnectionGuard,
 ) -> Result<(), OutboundError> {
-    let (resp, mut tunnel) = connect.await.map_err(|e| match &e {
+    let HboneRequest {
+        pool,
+        key,
+        target,
+        headers,
+        early_data,
+    } = *req;
+    let mut early = ambit_hbone::EarlyData::new(&mut *stream, early_data);
+    // Boxed: dial, TLS and handshake are large and over once the tunnel is up.
+    let connect = Box::pin(pool.connect_early(key, &target, headers, &mut early)).await;
+    let early_bytes = early.bytes();
+    let (resp, mut tunnel) = connect.map_err(|e| match &e {
         ambit_hbone::PoolError::Connect(ambit_hbone::ClientError::Status { status, .. }) => {
             OutboundError::Status(*status)
         }
@@ -242,6 +268,10 @@ async fn proxy_hbone(
     drop(resp);
     if status != http::StatusCode::OK {
         return Err(OutboundError::Status(status));
+    }
+    // The first flight went with the request; it counts once the tunnel is open.
+    if early_bytes > 0 {
+        guard.add_received(early_bytes);
     }
     Ok(super::copy_hbone(stream, &mut tunnel, guard, true).await?)
 }
@@ -284,6 +314,7 @@ pub fn build_route(
                 identities.sort();
                 identities.dedup();
                 Route::Hbone {
+                    waypoint: false,
                     dst: SocketAddr::new(ip, ambit_contract::ports::INBOUND_HBONE),
                     target: ConnectTarget::Addr(dst),
                     identities,
@@ -313,6 +344,7 @@ pub fn build_route(
     }
     Ok(match workload.protocol {
         TunnelProtocol::Hbone => Route::Hbone {
+            waypoint: false,
             dst: SocketAddr::new(orig.ip(), ambit_contract::ports::INBOUND_HBONE),
             target: ConnectTarget::Addr(orig),
             identities: vec![workload.identity().clone()],
@@ -364,6 +396,7 @@ fn via_waypoint(
     let (workload, dst) = resolve_waypoint(inputs, waypoint)
         .ok_or_else(|| OutboundError::UnknownWaypoint(waypoint.destination.to_string()))?;
     Ok(Route::Hbone {
+        waypoint: true,
         dst,
         target: ConnectTarget::Addr(orig),
         identities: vec![workload.identity().clone()],

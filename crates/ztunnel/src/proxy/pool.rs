@@ -7,7 +7,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ambit_hbone::{ConnectResponse, ConnectTarget, H2Stream, Pool, PoolConfig, PoolError};
+use ambit_hbone::{
+    ConnectResponse, ConnectTarget, EarlyData, H2Stream, Pool, PoolConfig, PoolError,
+};
 use ambit_model::SpiffeId;
 use ambit_netns::{SocketFactory, SocketOptions};
 use ambit_tls::tokio_rustls::TlsConnector;
@@ -78,14 +80,16 @@ impl WorkloadPool {
         Self { pool }
     }
 
-    /// Opens a CONNECT stream to `target` over a pooled connection for `key`.
-    pub async fn connect(
+    /// Opens a CONNECT stream to `target` over a pooled connection for `key`, sending
+    /// `early`'s first bytes with the request.
+    pub async fn connect_early<S: tokio::io::AsyncRead + Unpin>(
         &self,
         key: PoolKey,
         target: &ConnectTarget,
         headers: HeaderMap,
+        early: &mut EarlyData<'_, S>,
     ) -> Result<(ConnectResponse, H2Stream), PoolError> {
-        self.pool.connect(key, target, headers).await
+        self.pool.connect_early(key, target, headers, early).await
     }
 }
 
