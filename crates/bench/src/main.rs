@@ -131,6 +131,9 @@ struct Args {
     /// Seconds per latency run.
     #[arg(long)]
     latency_secs: Option<f64>,
+    /// Seconds per connection-rate run (default 3; longer to profile that phase).
+    #[arg(long)]
+    conn_rate_secs: Option<f64>,
     /// Write the JSON report here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -188,6 +191,9 @@ fn plan(args: &Args) -> Result<Plan> {
     }
     if let Some(s) = args.latency_secs {
         plan.latency = secs(s)?;
+    }
+    if let Some(s) = args.conn_rate_secs {
+        plan.conn_rate = secs(s)?;
     }
     if let Some(s) = args.agent_cpu_secs {
         plan.agent_cpu = secs(s)?;
