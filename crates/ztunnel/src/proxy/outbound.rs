@@ -246,6 +246,23 @@ async fn proxy_hbone(
     req: Box<HboneRequest>,
     guard: &ConnectionGuard,
 ) -> Result<(), OutboundError> {
+    // Boxed, and nothing of it is kept: the request, the early data's state and the dial,
+    // TLS and handshake are large and over once the tunnel is up, and most connections
+    // then sit idle for long.
+    let (mut tunnel, early_bytes) = Box::pin(open_tunnel(&mut *stream, req)).await?;
+    // The first flight went with the request; it counts once the tunnel is open.
+    if early_bytes > 0 {
+        guard.add_received(early_bytes);
+    }
+    Ok(super::copy_hbone(stream, &mut tunnel, guard, true).await?)
+}
+
+/// The CONNECT of `req`, carrying the client's first flight; the open tunnel and how many
+/// bytes of the client went with the request.
+async fn open_tunnel(
+    stream: &mut TcpStream,
+    req: Box<HboneRequest>,
+) -> Result<(ambit_hbone::H2Stream, u64), OutboundError> {
     let HboneRequest {
         pool,
         key,
@@ -253,27 +270,20 @@ async fn proxy_hbone(
         headers,
         early_data,
     } = *req;
-    let mut early = ambit_hbone::EarlyData::new(&mut *stream, early_data);
-    // Boxed: dial, TLS and handshake are large and over once the tunnel is up.
-    let connect = Box::pin(pool.connect_early(key, &target, headers, &mut early)).await;
-    let early_bytes = early.bytes();
-    let (resp, mut tunnel) = connect.map_err(|e| match &e {
-        ambit_hbone::PoolError::Connect(ambit_hbone::ClientError::Status { status, .. }) => {
-            OutboundError::Status(*status)
-        }
-        _ => OutboundError::Hbone(e),
-    })?;
-    let status = resp.status;
-    // The response headers (e.g. baggage) are not used past here.
-    drop(resp);
-    if status != http::StatusCode::OK {
-        return Err(OutboundError::Status(status));
+    let mut early = ambit_hbone::EarlyData::new(stream, early_data);
+    let (resp, tunnel) = pool
+        .connect_early(key, &target, headers, &mut early)
+        .await
+        .map_err(|e| match &e {
+            ambit_hbone::PoolError::Connect(ambit_hbone::ClientError::Status {
+                status, ..
+            }) => OutboundError::Status(*status),
+            _ => OutboundError::Hbone(e),
+        })?;
+    if resp.status != http::StatusCode::OK {
+        return Err(OutboundError::Status(resp.status));
     }
-    // The first flight went with the request; it counts once the tunnel is open.
-    if early_bytes > 0 {
-        guard.add_received(early_bytes);
-    }
-    Ok(super::copy_hbone(stream, &mut tunnel, guard, true).await?)
+    Ok((tunnel, early.bytes()))
 }
 
 /// The decision tree of §3.5.
