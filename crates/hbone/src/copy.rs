@@ -433,6 +433,17 @@ impl Pipe {
     }
 }
 
+/// Advances `chunk` past `n` written bytes, letting go of its buffer once all of it is
+/// written: an empty [`Bytes`] left by `advance` still holds its allocation (h2's read
+/// buffer, shared with the frames around it), and an idle connection would keep it for
+/// as long as it stays open.
+pub(crate) fn consume(chunk: &mut Bytes, n: usize) {
+    chunk.advance(n);
+    if chunk.is_empty() {
+        *chunk = Bytes::new();
+    }
+}
+
 /// Tunnel → socket.
 #[derive(Default)]
 struct Downstream {
@@ -463,7 +474,7 @@ impl Downstream {
                 if n == 0 {
                     return Poll::Ready(Err(sock(io::ErrorKind::WriteZero.into())));
                 }
-                self.chunk.advance(n);
+                consume(&mut self.chunk, n);
                 self.total += n as u64;
                 self.need_flush = true;
                 continue;
@@ -488,6 +499,47 @@ impl Downstream {
                     return Poll::Pending;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use bytes::Bytes;
+
+    use super::consume;
+
+    /// A buffer that says when it is freed.
+    struct Owner(Vec<u8>, Arc<AtomicBool>);
+
+    impl AsRef<[u8]> for Owner {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_written_chunk_lets_go_of_its_buffer_only_once_all_of_it_is_written() {
+        // (write sizes, freed after the last)
+        let cases: &[(&[usize], bool)] =
+            &[(&[10], true), (&[4, 6], true), (&[4], false), (&[0], false)];
+        for (writes, freed) in cases {
+            let flag = Arc::new(AtomicBool::new(false));
+            let mut chunk = Bytes::from_owner(Owner(vec![1; 10], flag.clone()));
+            for n in *writes {
+                consume(&mut chunk, *n);
+            }
+            assert_eq!(flag.load(Ordering::SeqCst), *freed, "{writes:?}");
+            assert_eq!(chunk.len(), 10 - writes.iter().sum::<usize>(), "{writes:?}");
         }
     }
 }

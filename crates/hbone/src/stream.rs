@@ -8,7 +8,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -165,7 +165,7 @@ impl AsyncRead for H2Stream {
         };
         let n = chunk.len().min(buf.remaining());
         buf.put_slice(&chunk[..n]);
-        chunk.advance(n);
+        crate::copy::consume(&mut chunk, n);
         this.read_pending = chunk;
         Poll::Ready(Ok(()))
     }
