@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::authority::ConnectTarget;
 use crate::keepalive::{self, KeepaliveFailure};
@@ -211,10 +211,6 @@ impl<S> std::fmt::Debug for EarlyData<'_, S> {
     }
 }
 
-/// Largest single read of [`EarlyData`]: a first flight is a request line and headers or a
-/// TLS ClientHello, a few hundred bytes to a few KiB.
-const EARLY_READ: usize = 4 * 1024;
-
 impl<'a, S: AsyncRead + Unpin> EarlyData<'a, S> {
     /// Reads up to `limit` bytes from `source` while a response is pending. A `limit` of 0
     /// sends nothing early.
@@ -273,24 +269,22 @@ impl<'a, S: AsyncRead + Unpin> EarlyData<'a, S> {
         Poll::Ready(r.map_err(ClientError::NoResponse))
     }
 
-    /// One read from the source into a stack buffer: no allocation unless bytes arrive.
-    /// `None` at EOF or at the limit.
+    /// One read from the source into the thread's read arena (as the copy reads): no
+    /// allocation of its own. `None` at EOF or at the limit.
     fn poll_read_chunk(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
-        let room = self.limit.saturating_sub(self.total).min(EARLY_READ);
+        let room = self.limit.saturating_sub(self.total);
         let Some(source) = self.source.as_deref_mut() else {
             return Poll::Ready(Ok(None));
         };
         if room == 0 {
             return Poll::Ready(Ok(None));
         }
-        let mut storage = [0u8; EARLY_READ];
-        let mut buf = ReadBuf::new(&mut storage[..room]);
-        std::task::ready!(Pin::new(source).poll_read(cx, &mut buf))?;
-        if buf.filled().is_empty() {
+        let Some(chunk) = std::task::ready!(crate::copy::read_first_flight(cx, source, room))?
+        else {
             return Poll::Ready(Ok(None));
-        }
-        self.total += buf.filled().len();
-        Poll::Ready(Ok(Some(Bytes::copy_from_slice(buf.filled()))))
+        };
+        self.total += chunk.len();
+        Poll::Ready(Ok(Some(chunk)))
     }
 }
 

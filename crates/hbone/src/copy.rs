@@ -247,6 +247,19 @@ fn return_block(tier: Tier, block: BytesMut) {
     });
 }
 
+/// A first flight sent ahead of the CONNECT's response ([`crate::client::EarlyData`]),
+/// at most `max` bytes: read like the copy's first reads, so it costs what they cost.
+pub(crate) fn read_first_flight<S>(
+    cx: &mut Context<'_>,
+    socket: &mut S,
+    max: usize,
+) -> Poll<io::Result<Option<Bytes>>>
+where
+    S: AsyncRead + Unpin + ?Sized,
+{
+    read_into_arena_max(Tier::Tiny, cx, socket, max)
+}
+
 /// Reads once from `socket` into the thread's arena for `tier`. `Some(chunk)` with at least
 /// one byte, `None` at EOF.
 fn read_into_arena<S>(
@@ -257,13 +270,27 @@ fn read_into_arena<S>(
 where
     S: AsyncRead + Unpin + ?Sized,
 {
+    read_into_arena_max(tier, cx, socket, usize::MAX)
+}
+
+/// [`read_into_arena`], reading at most `max` bytes.
+fn read_into_arena_max<S>(
+    tier: Tier,
+    cx: &mut Context<'_>,
+    socket: &mut S,
+    max: usize,
+) -> Poll<io::Result<Option<Bytes>>>
+where
+    S: AsyncRead + Unpin + ?Sized,
+{
     let mut block = take_block(tier);
     // One poll of tokio's `read_buf` future: it reads into the block's uninitialised spare
     // capacity and advances its length by what was read (the safe counterpart of
     // `ReadBuf::uninit` + `set_len`). Dropping it after a `Pending` poll is harmless: it
     // holds nothing but the two borrows.
     let polled = {
-        let read = socket.read_buf(&mut block);
+        let mut room = bytes::BufMut::limit(&mut block, max);
+        let read = socket.read_buf(&mut room);
         std::pin::pin!(read).poll(cx)
     };
     let out = match polled {
