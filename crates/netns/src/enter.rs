@@ -22,27 +22,54 @@ use crate::{NetnsError, NetnsFd, imp};
 /// into a namespace we were just in, through a descriptor we hold, does not fail in
 /// practice, so this is a last-resort check.
 pub fn in_netns<R>(target: &NetnsFd, f: impl FnOnce() -> R) -> Result<R, NetnsError> {
-    let original = NetnsFd::current_thread()?;
+    let original = match KNOWN.with(|k| k.borrow_mut().take()) {
+        Some(fd) => fd,
+        None => NetnsFd::current_thread()?,
+    };
     if original.same_namespace(target) {
+        KNOWN.with(|k| *k.borrow_mut() = Some(original));
         return Ok(f());
     }
-    imp::enter(target.as_fd(), target.identity())?;
-    let _restore = RestoreGuard { original };
+    if let Err(e) = imp::enter(target.as_fd(), target.identity()) {
+        KNOWN.with(|k| *k.borrow_mut() = Some(original));
+        return Err(e);
+    }
+    // While `f` runs the thread is in `target`, which is not cached: a nested call opens
+    // the thread's namespace itself, and caches it when it moves back.
+    let _restore = RestoreGuard {
+        original: Some(original),
+    };
     Ok(f())
+}
+
+thread_local! {
+    /// The namespace this thread is in, when known: the one [`in_netns`] last moved it back
+    /// to. Saves opening `/proc/self/task/TID/ns/net` (a path walk, an `openat`, two checks
+    /// and a `close`) on every call: ztunnel creates each pod's sockets through
+    /// [`in_netns`], one per proxied connection. Sound because every `setns` on a thread
+    /// of this process goes through this crate (`in_netns`, which keeps this current, and
+    /// the namespace threads, which start with it empty); the forked children of
+    /// [`crate::set_command_netns`] and the sandbox are other processes.
+    static KNOWN: std::cell::RefCell<Option<NetnsFd>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Moves the thread back into its original namespace when dropped.
 struct RestoreGuard {
-    original: NetnsFd,
+    original: Option<NetnsFd>,
 }
 
 impl Drop for RestoreGuard {
     fn drop(&mut self) {
-        if let Err(e) = imp::enter(self.original.as_fd(), self.original.identity()) {
+        let Some(original) = self.original.take() else {
+            return;
+        };
+        if let Err(e) = imp::enter(original.as_fd(), original.identity()) {
             // See `in_netns`: continuing would run unrelated code in a foreign namespace.
             eprintln!("ambit-netns: cannot restore the thread's network namespace: {e}; aborting");
             std::process::abort();
         }
+        // `try_with`: during thread teardown the cache may be gone; nothing to keep then.
+        let _ = KNOWN.try_with(|k| *k.borrow_mut() = Some(original));
     }
 }
 

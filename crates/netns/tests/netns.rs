@@ -118,6 +118,61 @@ fn in_netns_switches_the_thread_and_restores_it() {
 }
 
 #[test]
+fn repeated_and_nested_calls_always_come_back_to_the_right_namespace() {
+    if !netns_capable_or_skip("repeated_and_nested_calls_always_come_back_to_the_right_namespace") {
+        return;
+    }
+    let before = current_id();
+    let a = NetnsFd::create_anonymous().expect("a");
+    let b = NetnsFd::create_anonymous().expect("b");
+    let here = NetnsFd::current_thread().expect("here");
+    // The thread remembers where it came back to between calls; every sequence must still
+    // see the right namespace inside and end where it started.
+    let checks: &[(&str, &dyn Fn() -> bool)] = &[
+        ("a", &|| in_netns(&a, current_id).unwrap() == a.identity()),
+        ("b", &|| in_netns(&b, current_id).unwrap() == b.identity()),
+        ("own namespace", &|| {
+            in_netns(&here, current_id).unwrap() == before
+        }),
+        ("a then b inside", &|| {
+            in_netns(&a, || {
+                let inner = in_netns(&b, current_id).unwrap();
+                inner == b.identity() && current_id() == a.identity()
+            })
+            .unwrap()
+        }),
+        ("a inside a", &|| {
+            in_netns(&a, || in_netns(&a, current_id).unwrap() == a.identity()).unwrap()
+        }),
+        ("b after a panic in a", &|| {
+            let _ = catch_unwind(AssertUnwindSafe(|| in_netns(&a, || panic!("boom"))));
+            current_id() == before && in_netns(&b, current_id).unwrap() == b.identity()
+        }),
+    ];
+    for round in 0..3 {
+        for (what, check) in checks {
+            assert!(check(), "round {round}: {what}");
+            assert_eq!(current_id(), before, "round {round}: after {what}");
+        }
+    }
+    // A thread that lives in `a` comes back to `a`, not to where this thread is.
+    let a_id = a.identity();
+    let b2 = NetnsFd::create_anonymous().expect("b2");
+    let b2_id = b2.identity();
+    let seen = ambit_netns::spawn_in_netns_thread(a, "ns-a", move || {
+        let first = in_netns(&b2, current_id).unwrap();
+        let after_first = current_id();
+        let second = in_netns(&b2, current_id).unwrap();
+        (first, after_first, second, current_id())
+    })
+    .expect("spawn")
+    .join()
+    .expect("join")
+    .expect("enter");
+    assert_eq!(seen, (b2_id, a_id, b2_id, a_id));
+}
+
+#[test]
 fn in_netns_restores_the_thread_after_a_panic() {
     if !netns_capable_or_skip("in_netns_restores_the_thread_after_a_panic") {
         return;
