@@ -152,7 +152,9 @@ impl Upstream {
                 continue;
             }
             let tier = Tier::for_total(self.total);
-            match ready!(read_into_arena(tier, cx, socket)).map_err(|e| (CopySide::Socket, e))? {
+            match ready!(read_into_arena(tier, cx, socket, usize::MAX))
+                .map_err(|e| (CopySide::Socket, e))?
+            {
                 None => self.eof = true,
                 Some(chunk) => {
                     self.total += chunk.len() as u64;
@@ -257,24 +259,12 @@ pub(crate) fn read_first_flight<S>(
 where
     S: AsyncRead + Unpin + ?Sized,
 {
-    read_into_arena_max(Tier::Tiny, cx, socket, max)
+    read_into_arena(Tier::Tiny, cx, socket, max)
 }
 
-/// Reads once from `socket` into the thread's arena for `tier`. `Some(chunk)` with at least
-/// one byte, `None` at EOF.
+/// Reads once, at most `max` bytes, from `socket` into the thread's arena for `tier`.
+/// `Some(chunk)` with at least one byte, `None` at EOF.
 fn read_into_arena<S>(
-    tier: Tier,
-    cx: &mut Context<'_>,
-    socket: &mut S,
-) -> Poll<io::Result<Option<Bytes>>>
-where
-    S: AsyncRead + Unpin + ?Sized,
-{
-    read_into_arena_max(tier, cx, socket, usize::MAX)
-}
-
-/// [`read_into_arena`], reading at most `max` bytes.
-fn read_into_arena_max<S>(
     tier: Tier,
     cx: &mut Context<'_>,
     socket: &mut S,
@@ -441,7 +431,7 @@ impl Pipe {
                 self.done = true;
                 continue;
             }
-            match read_into_arena(Tier::for_total(self.read), cx, from) {
+            match read_into_arena(Tier::for_total(self.read), cx, from, usize::MAX) {
                 Poll::Ready(Ok(Some(chunk))) => {
                     self.read += chunk.len() as u64;
                     self.pending = chunk;

@@ -19,6 +19,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
+type Opened = Result<(ambit_hbone::ConnectResponse, ambit_hbone::H2Stream), ClientError>;
+
+/// One CONNECT to `authority` carrying `early`, within [`DEADLINE`] (`None`: it stalled).
+async fn connect_early(
+    client: &HboneClient,
+    authority: &str,
+    early: &mut EarlyData<'_, &[u8]>,
+) -> Option<Opened> {
+    let target = authority.parse().unwrap();
+    tokio::time::timeout(
+        DEADLINE,
+        client.send_connect_early(&target, HeaderMap::new(), early),
+    )
+    .await
+    .ok()
+}
+
 /// A raw h2 server that, for each CONNECT, reads `before` bytes of the request body
 /// *before* it answers 200 (it would wait forever for a client that holds them back), sends
 /// them back on the response's stream, then echoes the rest until the client's END_STREAM.
@@ -66,19 +83,12 @@ async fn the_first_flight_reaches_the_server_before_its_response_within_the_boun
         tokio::spawn(driver);
         let mut source: &[u8] = &msg;
         let mut early = EarlyData::new(&mut source, limit);
-        let (resp, mut stream) = tokio::time::timeout(
-            DEADLINE,
-            client.send_connect_early(
-                &"10.0.0.1:80".parse().unwrap(),
-                HeaderMap::new(),
-                &mut early,
-            ),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            panic!("{len}/{limit}: no response: the server never got {before} bytes")
-        })
-        .unwrap();
+        let (resp, mut stream) = connect_early(&client, "10.0.0.1:80", &mut early)
+            .await
+            .unwrap_or_else(|| {
+                panic!("{len}/{limit}: no response: the server never got {before} bytes")
+            })
+            .unwrap();
         assert_eq!(resp.status, StatusCode::OK);
         assert_eq!(early.bytes(), before as u64, "{len}/{limit}");
         // The rest goes through the tunnel as usual; nothing is lost or sent twice.
@@ -113,17 +123,10 @@ async fn refused_connects_that_carried_early_data_leave_the_connection_usable() 
     for i in 0..40 {
         let mut source: &[u8] = &msg;
         let mut early = EarlyData::new(&mut source, 64 * 1024);
-        let err = tokio::time::timeout(
-            DEADLINE,
-            client.send_connect_early(
-                &"10.0.0.1:401".parse().unwrap(),
-                HeaderMap::new(),
-                &mut early,
-            ),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("refusal {i} stalled"))
-        .unwrap_err();
+        let err = connect_early(&client, "10.0.0.1:401", &mut early)
+            .await
+            .unwrap_or_else(|| panic!("refusal {i} stalled"))
+            .unwrap_err();
         assert!(
             matches!(&err, ClientError::Status { status, .. } if *status == 401),
             "{i}: {err:?}"
@@ -131,17 +134,10 @@ async fn refused_connects_that_carried_early_data_leave_the_connection_usable() 
     }
     let mut source: &[u8] = b"after";
     let mut early = EarlyData::new(&mut source, 64 * 1024);
-    let (_, mut stream) = tokio::time::timeout(
-        DEADLINE,
-        client.send_connect_early(
-            &"10.0.0.1:80".parse().unwrap(),
-            HeaderMap::new(),
-            &mut early,
-        ),
-    )
-    .await
-    .expect("the connection's window leaked: the CONNECT after the refusals stalled")
-    .unwrap();
+    let (_, mut stream) = connect_early(&client, "10.0.0.1:80", &mut early)
+        .await
+        .expect("the connection's window leaked: the CONNECT after the refusals stalled")
+        .unwrap();
     assert_eq!(early.bytes(), 5);
     drop(early);
     let back = tokio::time::timeout(DEADLINE, round_trip(&mut stream, b""))
