@@ -141,7 +141,10 @@ async fn handle_conn(
         // Only the target travels into the stream's task: the request headers (baggage,
         // forwarded, traceparent) are not used, so they are freed here rather than kept
         // until the tunnel closes.
-        ctx.clone().handle_stream(req.target, responder)
+        ctx.clone().handle_stream(Box::new(PendingStream {
+            target: req.target,
+            responder,
+        }))
     };
     let drained = {
         let drain = drain.clone();
@@ -243,8 +246,11 @@ impl StreamCtx {
 
     /// One CONNECT stream. The task's size is what an open tunnel costs for its whole life,
     /// so everything only needed to admit it is built in [`StreamCtx::admit`] (not async, so
-    /// none of it stays in the task).
-    async fn handle_stream(self: Arc<Self>, target: ConnectTarget, responder: Responder) {
+    /// none of it stays in the task), and the request arrives boxed: as the task's own
+    /// arguments its target and responder would stay in the task until the tunnel closes.
+    async fn handle_stream(self: Arc<Self>, pending: Box<PendingStream>) {
+        // Destructured straight from the call: a named `Option<Admitted>` moved out of field
+        // by field would keep its own storage in the task (measured: +184 B).
         let Some(Admitted {
             guard,
             log,
@@ -252,7 +258,10 @@ impl StreamCtx {
             app,
             mut tracked,
             responder,
-        }) = self.admit(&target, responder)
+        }) = ({
+            let PendingStream { target, responder } = *pending;
+            self.admit(&target, responder)
+        })
         else {
             return;
         };
@@ -368,6 +377,12 @@ impl StreamCtx {
         }
         headers
     }
+}
+
+/// A CONNECT as it arrives, before admission.
+struct PendingStream {
+    target: ConnectTarget,
+    responder: Responder,
 }
 
 /// A stream that passed resolution and authorization.
