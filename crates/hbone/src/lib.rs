@@ -9,6 +9,7 @@
 //! - [`server`]: serving CONNECT on one connection ([`serve_connection`]), with drain.
 //! - [`pool`]: keyed, multiplexed client connections ([`Pool`]).
 //! - [`stream`]: a tunnel as a byte stream ([`H2Stream`]); [`copy`]: the data-path copy.
+//! - [`tasks`]: the tasks of one owner ([`TaskSet`]: aborted with it, no wake-up per finished task).
 //! - [`authority`] and [`headers`]: pure, bounded parsers for peer-controlled text
 //!   (fuzz entry points: [`parse_authority`], [`Baggage::parse`], [`parse_forwarded`]).
 
@@ -24,6 +25,7 @@ pub mod readahead;
 pub mod server;
 pub mod settings;
 pub mod stream;
+pub mod tasks;
 
 pub use authority::{AuthorityError, ConnectTarget, parse_authority};
 pub use client::{ClientError, ConnectResponse, EarlyData, HboneClient};
@@ -37,3 +39,4 @@ pub use server::{
 };
 pub use settings::H2Settings;
 pub use stream::H2Stream;
+pub use tasks::TaskSet;

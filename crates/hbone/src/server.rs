@@ -14,13 +14,13 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::authority::{AuthorityError, ConnectTarget, parse_authority};
 use crate::keepalive::{self, KeepaliveFailure};
 use crate::settings::H2Settings;
 use crate::stream::H2Stream;
+use crate::tasks::TaskSet;
 
 /// Failures of a served connection. Each variant names the side that failed.
 #[derive(Debug, thiserror::Error)]
@@ -185,7 +185,7 @@ where
     );
     let mut keepalive = std::pin::pin!(keepalive);
     let mut drain = std::pin::pin!(drain);
-    let mut tasks = JoinSet::new();
+    let mut tasks = TaskSet::new();
     let mut drain_deadline: Option<Instant> = None;
 
     let end = loop {
@@ -213,15 +213,12 @@ where
                 KeepaliveFailure::Timeout(t) => ServerError::KeepaliveTimeout(t),
                 KeepaliveFailure::H2(e) => ServerError::Connection(e),
             }),
-            // Reap finished handler tasks so a long-lived connection does not accumulate them.
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
     };
     if end != ConnectionEnd::DrainForced {
         // The connection is gone, so tunnels fail promptly; give handlers a bounded moment
         // to finish their own cleanup (upstream sockets) before they are aborted.
-        let rest = async { while tasks.join_next().await.is_some() {} };
-        let _ = tokio::time::timeout(settings.drain_deadline, rest).await;
+        let _ = tokio::time::timeout(settings.drain_deadline, tasks.wait()).await;
     }
     tasks.abort_all();
     Ok(end)
@@ -238,7 +235,7 @@ fn on_request<H, Fut>(
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     handler: &H,
-    tasks: &mut JoinSet<()>,
+    tasks: &mut TaskSet,
 ) where
     H: Fn(ConnectRequest, Responder) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,

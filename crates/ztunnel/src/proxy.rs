@@ -17,6 +17,7 @@ mod upstream;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use ambit_hbone::TaskSet;
 use ambit_model::Workload;
 use ambit_netns::{SocketFactory, SocketOptions, Transparent};
 use tokio::net::TcpListener;
@@ -265,9 +266,9 @@ impl SyncGate {
 }
 
 /// The accept loop every listener shares: each connection runs `handle` in a task owned by
-/// the loop and holding a drain watcher, once `gate` lets it; on drain the listener closes
-/// (no new connections) and the loop waits for its connections (the proxy's drain deadline
-/// cuts them).
+/// the loop (a [`TaskSet`]: aborted with the loop, and a finished connection does not wake
+/// it) and holding a drain watcher, once `gate` lets it; on drain the listener closes (no new
+/// connections) and the loop waits for its connections (the proxy's drain deadline cuts them).
 async fn accept_loop<F, Fut>(
     name: &'static str,
     listener: TcpListener,
@@ -278,7 +279,7 @@ async fn accept_loop<F, Fut>(
     F: Fn(tokio::net::TcpStream, SocketAddr, crate::drain::DrainWatcher) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let mut conns = JoinSet::new();
+    let mut conns = TaskSet::new();
     loop {
         tokio::select! {
             _ = drain.signaled() => break,
@@ -293,11 +294,10 @@ async fn accept_loop<F, Fut>(
                 }
                 Err(e) => accept_error(name, e).await,
             },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
     drop(listener);
-    while conns.join_next().await.is_some() {}
+    conns.wait().await;
 }
 
 /// Accept errors (EMFILE, ECONNABORTED, ...) must not spin the loop: log and pause briefly.
