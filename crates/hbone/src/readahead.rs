@@ -20,6 +20,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_util::io::poll_read_buf;
 
 /// A read-buffering wrapper around a TCP stream; writes pass through untouched (vectored
 /// included).
@@ -32,6 +33,7 @@ pub struct ReadAhead {
     /// The last fill drained the socket: free the buffer once it is consumed.
     shrink_when_empty: bool,
     fills: u64,
+    empty_reads: u64,
 }
 
 impl ReadAhead {
@@ -43,6 +45,7 @@ impl ReadAhead {
             capacity,
             shrink_when_empty: false,
             fills: 0,
+            empty_reads: 0,
         }
     }
 
@@ -65,28 +68,41 @@ impl ReadAhead {
         self.fills
     }
 
+    /// Reads from the socket that found it empty (`EAGAIN`) so far: each is a wasted
+    /// syscall.
+    pub fn empty_reads(&self) -> u64 {
+        self.empty_reads
+    }
+
     /// Reads once from the socket into the buffer; `Ok(0)` at EOF. Allocates only once the
     /// socket is readable, and frees the buffer again when the socket had nothing after all.
+    ///
+    /// The read goes through the stream's `poll_read`, which also clears the socket's
+    /// readiness after a short read (under edge-triggered epoll a short read drained the
+    /// socket): the next fill then waits for the next edge instead of asking the socket
+    /// once more for an `EAGAIN`. `try_read_buf` clears it only on `EAGAIN`, one wasted
+    /// `recvfrom` per request on request/response traffic (BENCHMARKS.md).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.inner.poll_read_ready(cx))?;
-            // Reclaims the drained allocation in place (nothing else references it).
-            self.buf.reserve(self.capacity);
-            // Never more than the capacity, whatever the reclaimed allocation's size.
-            match self
-                .inner
-                .try_read_buf(&mut (&mut self.buf).limit(self.capacity))
-            {
-                Ok(n) => {
-                    self.fills += 1;
-                    // A short fill drained the socket: the peer may pause now, so the
-                    // block is not kept once consumed.
-                    self.shrink_when_empty = n < self.capacity;
-                    return Poll::Ready(Ok(n));
-                }
-                // Readiness was stale (cleared by try_read_buf): wait again, holding nothing.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.buf = BytesMut::new(),
-                Err(e) => return Poll::Ready(Err(e)),
+        ready!(self.inner.poll_read_ready(cx))?;
+        // Reclaims the drained allocation in place (nothing else references it).
+        self.buf.reserve(self.capacity);
+        // Never more than the capacity, whatever the reclaimed allocation's size.
+        let mut limited = (&mut self.buf).limit(self.capacity);
+        match poll_read_buf(Pin::new(&mut self.inner), cx, &mut limited) {
+            Poll::Ready(Ok(n)) => {
+                self.fills += 1;
+                // A short fill drained the socket: the peer may pause now, so the block
+                // is not kept once consumed.
+                self.shrink_when_empty = n < self.capacity;
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            // Readiness was stale: the read found nothing (and registered the waker).
+            // Wait again, holding nothing.
+            Poll::Pending => {
+                self.empty_reads += 1;
+                self.buf = BytesMut::new();
+                Poll::Pending
             }
         }
     }
@@ -234,6 +250,27 @@ mod tests {
         peer.write_all(b"again").await.unwrap();
         assert_eq!(ra.read(&mut chunk).await.unwrap(), 5);
         assert_eq!(&chunk[..5], b"again");
+    }
+
+    #[tokio::test]
+    async fn a_short_fill_is_not_followed_by_a_read_that_finds_nothing() {
+        // A fill shorter than the capacity drained the socket (edge-triggered epoll): the
+        // next read must wait for readiness instead of asking the socket again (`EAGAIN`),
+        // one wasted syscall per request on request/response traffic (BENCHMARKS.md).
+        let (mut ra, mut peer) = pair(64 * 1024).await;
+        let mut chunk = [0; 1024];
+        for round in 1..=3u64 {
+            peer.write_all(b"request").await.unwrap();
+            assert_eq!(ra.read(&mut chunk).await.unwrap(), 7);
+            let waiting =
+                tokio::time::timeout(Duration::from_millis(20), ra.read(&mut chunk)).await;
+            assert!(
+                waiting.is_err(),
+                "round {round}: read returned without data"
+            );
+            assert_eq!(ra.fills(), round);
+            assert_eq!(ra.empty_reads(), 0, "round {round}: a read found nothing");
+        }
     }
 
     #[tokio::test]
