@@ -2,12 +2,14 @@
 //! is resolved by its original destination (§3.5) and carried over HBONE, plain TCP to a
 //! non-mesh workload, or passed through to an unknown destination.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ambit_hbone::{ConnectTarget, headers::build_forwarded, headers::new_traceparent};
 use ambit_model::workload::{GatewayAddress, GatewayDestination, TunnelProtocol};
 use ambit_model::{Service, SpiffeId, Workload};
+use futures_util::future::Either;
 use http::{HeaderMap, HeaderValue};
 use rand::seq::IndexedRandom;
 use tokio::net::{TcpListener, TcpStream};
@@ -80,27 +82,48 @@ pub(super) async fn run(listener: TcpListener, inputs: ProxyInputs, drain: Drain
 /// The connection's lifetime state is the task's size, and most connections are long-lived
 /// and idle: everything that is only needed to get the connection going is built in
 /// [`open`] (not async, so none of it stays in the task) or boxed while it runs.
-async fn handle(
+///
+/// A function returning an `async` block rather than an `async fn`: an `async fn` keeps its
+/// parameters twice for as long as it waits (the arguments and the copies its body moves
+/// them into: 64 B of every idle connection here), an `async` block keeps what it captured
+/// once. Of the drain watcher only the blocker is kept (the accept loop's tasks are aborted
+/// when the drain is forced), and the plan is consumed whole so that it is not kept beside
+/// the proxying it started (`-Zprint-type-sizes`, BENCHMARKS.md: together one 128 B size
+/// class of tokio's task cell less per connection).
+fn handle(
     mut stream: TcpStream,
     peer: SocketAddr,
     inputs: Arc<ProxyInputs>,
     drain: DrainWatcher,
-) {
-    let Some(Opened { guard, log, plan }) = open(&stream, peer, &inputs) else {
-        return;
-    };
-    let result = match plan {
-        Plan::Tcp(dst) => proxy_tcp(&inputs, &mut stream, dst, &guard).await,
-        Plan::Hbone(connect) => proxy_hbone(&mut stream, connect, &guard).await,
-    };
-    if let Err(e) = &result {
-        guard.set_failed(response_flag(e));
+) -> impl Future<Output = ()> + Send + 'static {
+    let drain = drain.into_blocker();
+    async move {
+        let Some(Opened { guard, log, plan }) = open(&stream, peer, &inputs) else {
+            return;
+        };
+        let result = proxy(plan, &inputs, &mut stream, &guard).await;
+        if let Err(e) = &result {
+            guard.set_failed(response_flag(e));
+        }
+        log.complete_with(
+            &guard,
+            result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+        );
+        drop(drain);
     }
-    log.complete_with(
-        &guard,
-        result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
-    );
-    drop(drain);
+}
+
+/// Starts proxying by `plan`, which it takes whole (a `match` on a local would keep it).
+fn proxy<'a>(
+    plan: Plan,
+    inputs: &'a ProxyInputs,
+    stream: &'a mut TcpStream,
+    guard: &'a ConnectionGuard,
+) -> impl Future<Output = Result<(), OutboundError>> + Send + 'a {
+    match plan {
+        Plan::Tcp(dst) => Either::Left(proxy_tcp(inputs, stream, dst, guard)),
+        Plan::Hbone(connect) => Either::Right(proxy_hbone(stream, connect, guard)),
+    }
 }
 
 /// A connection with a route, its metrics and its access log opened.
@@ -241,20 +264,27 @@ async fn proxy_tcp(
     Ok(super::copy_tcp(stream, &mut upstream, guard).await?)
 }
 
-async fn proxy_hbone(
-    stream: &mut TcpStream,
+/// An `async` block, not an `async fn`, for the same reason as [`handle`].
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in its state"
+)]
+fn proxy_hbone<'a>(
+    stream: &'a mut TcpStream,
     req: Box<HboneRequest>,
-    guard: &ConnectionGuard,
-) -> Result<(), OutboundError> {
-    // Boxed, and nothing of it is kept: the request, the early data's state and the dial,
-    // TLS and handshake are large and over once the tunnel is up, and most connections
-    // then sit idle for long.
-    let (mut tunnel, early_bytes) = Box::pin(open_tunnel(&mut *stream, req)).await?;
-    // The first flight went with the request; it counts once the tunnel is open.
-    if early_bytes > 0 {
-        guard.add_received(early_bytes);
+    guard: &'a ConnectionGuard,
+) -> impl Future<Output = Result<(), OutboundError>> + Send + 'a {
+    async move {
+        // Boxed, and nothing of it is kept: the request, the early data's state and the
+        // dial, TLS and handshake are large and over once the tunnel is up, and most
+        // connections then sit idle for long.
+        let (mut tunnel, early_bytes) = Box::pin(open_tunnel(&mut *stream, req)).await?;
+        // The first flight went with the request; it counts once the tunnel is open.
+        if early_bytes > 0 {
+            guard.add_received(early_bytes);
+        }
+        Ok(super::copy_hbone(stream, &mut tunnel, guard, true).await?)
     }
-    Ok(super::copy_hbone(stream, &mut tunnel, guard, true).await?)
 }
 
 /// The CONNECT of `req`, carrying the client's first flight; the open tunnel and how many
