@@ -422,3 +422,21 @@ struct Setup {
     app: SocketAddr,
     responder: Responder,
 }
+
+#[cfg(test)]
+mod task_size {
+    /// Release: 728 B of future in an 896 B cell (48 B to spare); debug: 736 B.
+    #[test]
+    fn an_inbound_stream_task_stays_in_its_size_class() {
+        let future = crate::proxy::tests::returned_size(&super::StreamCtx::handle_stream);
+        crate::proxy::tests::assert_task_fits(
+            "inbound::StreamCtx::handle_stream",
+            future,
+            896,
+            DEBUG_BUDGET,
+        );
+    }
+
+    /// Today's debug size plus the bytes the release cell has to spare.
+    const DEBUG_BUDGET: usize = 784;
+}

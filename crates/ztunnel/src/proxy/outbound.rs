@@ -478,3 +478,16 @@ fn labels_for(src: &Workload, route: &Route) -> TrafficLabels {
     }
     labels
 }
+
+#[cfg(test)]
+mod task_size {
+    /// Release: 640 B of future in a 768 B cell (8 B to spare); debug: 648 B.
+    #[test]
+    fn an_outbound_connection_task_stays_in_its_size_class() {
+        let future = crate::proxy::tests::returned_size4(&super::handle);
+        crate::proxy::tests::assert_task_fits("outbound::handle", future, 768, DEBUG_BUDGET);
+    }
+
+    /// Today's debug size plus the bytes the release cell has to spare.
+    const DEBUG_BUDGET: usize = 656;
+}

@@ -144,3 +144,52 @@ fn copy_failures_name_their_side_and_keep_the_log_text() {
         assert_eq!(outbound.to_string(), format!("copy: {text}"));
     }
 }
+
+/// What tokio and the task set add to a connection's future in its task cell, read off the
+/// release build (`-Zprint-type-sizes`, BENCHMARKS.md "Idle memory: one task size class less"):
+/// a 32 B header, 16 B of core, 8 B of stage, the task set's 16 B member and a 48 B trailer.
+const TASK_CELL_OVERHEAD: usize = 32 + 16 + 8 + 16 + 48;
+
+/// Size of the future `f` returns, without calling it.
+pub(super) fn returned_size<F, A, B, R>(_: &F) -> usize
+where
+    F: FnOnce(A, B) -> R,
+{
+    std::mem::size_of::<R>()
+}
+
+/// Same for a function of four arguments.
+pub(super) fn returned_size4<F, A, B, C, D, R>(_: &F) -> usize
+where
+    F: FnOnce(A, B, C, D) -> R,
+{
+    std::mem::size_of::<R>()
+}
+
+/// An idle connection is mostly its task, and tokio allocates task cells in 128 B steps, so
+/// a few bytes more in a connection's future can cost a whole step per connection. In a
+/// release build (`cargo test --release`) the future must fit the cell it fits today; in a
+/// debug build (CI), whose layouts differ (today 8 B larger), it must stay within today's
+/// debug size plus what the release cell has to spare: either failure means measuring the
+/// change's release layout before raising a budget.
+pub(super) fn assert_task_fits(
+    what: &str,
+    future: usize,
+    release_cell: usize,
+    debug_future: usize,
+) {
+    if cfg!(debug_assertions) {
+        assert!(
+            future <= debug_future,
+            "{what}: the connection's future is {future} B in this debug build, budget \
+             {debug_future} B; measure its release layout (BENCHMARKS.md) before raising it"
+        );
+    } else {
+        let cell = future + TASK_CELL_OVERHEAD;
+        assert!(
+            cell <= release_cell,
+            "{what}: the connection's future is {future} B, its task cell {cell} B, over the \
+             {release_cell} B size class it had"
+        );
+    }
+}
