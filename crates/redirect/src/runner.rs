@@ -28,6 +28,17 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// The program is not installed (or not in `PATH`): said by name, so a node without
+    /// `ipset` or `nft` reads as a missing package, not as a missing file somewhere.
+    #[error("{program} is not installed or not in PATH ({path}); needed to run {argv}")]
+    NotFound {
+        /// `argv[0]`.
+        program: String,
+        /// The `PATH` it was looked up in.
+        path: String,
+        /// The command line, for the log.
+        argv: String,
+    },
     /// The program ran and exited unsuccessfully where success was required.
     #[error("{argv} exited with {code:?}: {stderr}")]
     Failed {
@@ -221,7 +232,17 @@ fn spawn(
     if let Some(netns) = netns {
         set_command_netns(&mut command, netns).map_err(|e| err(std::io::Error::other(e)))?;
     }
-    let mut child = command.spawn().map_err(err)?;
+    let mut child = command.spawn().map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            RunError::NotFound {
+                program: program.clone(),
+                path: std::env::var("PATH").unwrap_or_default(),
+                argv: argv.join(" "),
+            }
+        } else {
+            err(source)
+        }
+    })?;
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         // Inputs are a few KiB, well under the pipe buffer, so writing before reading
         // stdout cannot deadlock; the pipe is closed when `pipe` drops.
@@ -233,4 +254,37 @@ fn spawn(
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_tool_is_named_as_missing() {
+        let tool = format!("ambit-no-such-tool-{}", std::process::id());
+        let cmd = Cmd::new([tool.as_str(), "create", "x"]);
+        let e = CurrentNetns.run(&cmd).expect_err("the tool does not exist");
+        assert!(
+            matches!(&e, RunError::NotFound { program, argv, .. }
+                if *program == tool && *argv == format!("{tool} create x")),
+            "{e:?}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("{tool} is not installed or not in PATH (")),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_tool_that_fails_is_not_a_missing_tool() {
+        let e = CurrentNetns
+            .run_ok(&Cmd::new(["sh", "-c", "echo nope >&2; exit 3"]))
+            .expect_err("exit 3");
+        assert!(
+            matches!(&e, RunError::Failed { code: Some(3), stderr, .. } if stderr == "nope"),
+            "{e:?}"
+        );
+    }
 }
