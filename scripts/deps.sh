@@ -1,7 +1,8 @@
 # Sourced by scripts/test and scripts/demo: installs the Debian packages ambit needs when a
 # tool is missing. Uses sudo when not root.
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Each step says when it started (UTC), so a log shows where a run's time went.
+log() { printf '\033[1m==> %s %s\033[0m\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
