@@ -24,6 +24,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+mod idle;
 mod inpod;
 mod load;
 mod procstat;
@@ -367,6 +368,7 @@ fn bench(args: Args) -> Result<()> {
                 .to_string(),
             loadavg_start,
             loadavg_end: loadavg(),
+            cpuidle: idle::policy(std::path::Path::new("/")),
         },
         params: serde_json::to_value(&plan)?,
         upstream: reference.clone(),
@@ -405,6 +407,7 @@ fn print_table(report: &report::Report) {
         report.machine.loadavg_start,
         report.machine.loadavg_end
     );
+    println!("  idle CPUs: {}", report.machine.cpuidle);
     for s in &report.scenarios {
         println!("  {}: {}", s.name, s.description);
     }

@@ -302,6 +302,9 @@ pub struct Machine {
     pub loadavg_start: String,
     /// `/proc/loadavg` at the end.
     pub loadavg_end: String,
+    /// How idle CPUs wait (cpuidle driver, governor, states, guest halt polling): it moves
+    /// the latency-bound figures of every scenario, the baseline's too.
+    pub cpuidle: String,
 }
 
 /// One scenario's results.
