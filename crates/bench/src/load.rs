@@ -383,6 +383,105 @@ pub async fn connection_rate(
     })
 }
 
+/// Completions of one sustained connection-rate run, step by step.
+#[derive(Clone, Debug)]
+pub struct Sustained {
+    /// Connections completed in each step, in order.
+    pub per_step: Vec<u64>,
+    /// Length of a step.
+    pub step: Duration,
+    /// Iterations that failed (connect, echo or a step timeout).
+    pub errors: u64,
+    /// The first failure, for the report.
+    pub first_error: Option<String>,
+}
+
+impl Sustained {
+    /// Connections per second over the whole run.
+    pub fn rate(&self) -> f64 {
+        let total: u64 = self.per_step.iter().sum();
+        total as f64 / (self.step.as_secs_f64() * self.per_step.len().max(1) as f64)
+    }
+
+    /// Connections per second in the slowest step.
+    pub fn slowest_step_rate(&self) -> f64 {
+        let min = self.per_step.iter().copied().min().unwrap_or(0);
+        min as f64 / self.step.as_secs_f64()
+    }
+}
+
+/// `concurrency` workers each looping {connect, 1-byte echo, close} for `steps` steps of
+/// `step`, counting completions per step. Unlike [`connection_rate`] a failed iteration is
+/// counted, not fatal: this run is long enough (longer than TCP's TIME-WAIT) to exhaust
+/// what a proxy's sockets use up, and how it fails is part of the result. A failed iteration
+/// waits 10 ms before the next, so a failing path is not hammered in a tight loop.
+pub async fn sustained_connection_rate(
+    factory: Arc<NetnsSocketFactory>,
+    dst: SocketAddr,
+    concurrency: usize,
+    step: Duration,
+    steps: usize,
+) -> Result<Sustained> {
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let first_error = Arc::new(std::sync::Mutex::new(None::<String>));
+    let start = tokio::time::Instant::now();
+    let deadline = start + step * steps as u32;
+    let mut workers = JoinSet::new();
+    for _ in 0..concurrency {
+        let (factory, done, errors, first_error) = (
+            factory.clone(),
+            done.clone(),
+            errors.clone(),
+            first_error.clone(),
+        );
+        workers.spawn(async move {
+            while tokio::time::Instant::now() < deadline && !stopped() {
+                let one = async {
+                    let mut s = connect(&factory, dst).await?;
+                    echo_byte(&mut s).await
+                };
+                match one.await {
+                    Ok(()) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        first_error
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert_with(|| format!("{e:#}"));
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        });
+    }
+    let mut per_step = Vec::with_capacity(steps);
+    let mut seen = 0;
+    for i in 1..=steps {
+        tokio::time::sleep_until(start + step * i as u32).await;
+        let now = done.load(Ordering::Relaxed);
+        per_step.push(now - seen);
+        seen = now;
+        if stopped() {
+            break;
+        }
+    }
+    while let Some(r) = workers.join_next().await {
+        r.context("sustained connection-rate worker")?;
+    }
+    // Connections that completed after the last step (a worker's iteration in flight at
+    // the deadline) count in none.
+    let first_error = first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
+    Ok(Sustained {
+        per_step,
+        step,
+        errors: errors.load(Ordering::Relaxed),
+        first_error,
+    })
+}
+
 /// The `ambit-bench idle-conns` child process holding idle connections open; killed (and
 /// reaped) on drop.
 #[derive(Debug)]
@@ -452,5 +551,36 @@ impl Drop for IdleHolder {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sustained_rates() {
+        let run = |per_step: &[u64], step_ms: u64| Sustained {
+            per_step: per_step.to_vec(),
+            step: Duration::from_millis(step_ms),
+            errors: 0,
+            first_error: None,
+        };
+        // (completions per step, step, whole-run rate, slowest step's rate)
+        let cases: [(&[u64], u64, f64, f64); 4] = [
+            (&[500, 400, 600], 500, 1_000.0, 800.0),
+            (&[3_000, 3_000, 15], 1_000, 2_005.0, 15.0),
+            (&[7], 100, 70.0, 70.0),
+            (&[], 100, 0.0, 0.0),
+        ];
+        for (per_step, step, rate, slowest) in cases {
+            let s = run(per_step, step);
+            assert!((s.rate() - rate).abs() < 1e-9, "{per_step:?}: {}", s.rate());
+            assert!(
+                (s.slowest_step_rate() - slowest).abs() < 1e-9,
+                "{per_step:?}: {}",
+                s.slowest_step_rate()
+            );
+        }
     }
 }

@@ -135,6 +135,11 @@ struct Args {
     /// Seconds per connection-rate run (default 3; longer to profile that phase).
     #[arg(long)]
     conn_rate_secs: Option<f64>,
+    /// Seconds of the sustained connection-rate run, once per scenario in a fresh copy of
+    /// it (default 75: longer than TCP's 60 s TIME-WAIT, so what the closed connections
+    /// hold is at its steady state; 0 skips it).
+    #[arg(long)]
+    sustained_secs: Option<f64>,
     /// Write the JSON report here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -198,6 +203,9 @@ fn plan(args: &Args) -> Result<Plan> {
     }
     if let Some(s) = args.agent_cpu_secs {
         plan.agent_cpu = secs(s)?;
+    }
+    if let Some(s) = args.sustained_secs {
+        plan.sustained = secs(s)?;
     }
     // Each idle connection costs this process one descriptor (the server side; the client
     // side is held by a child process) and each ztunnel about one.
@@ -375,6 +383,7 @@ fn bench(args: Args) -> Result<()> {
         metrics: report::catalogue(
             &plan.rates,
             &plan.conn_concurrency,
+            plan.sustained_shape(),
             plan.idle_conns,
             plan.enrolled_pods,
         ),

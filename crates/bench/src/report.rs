@@ -81,6 +81,13 @@ pub fn throughput_key(streams: usize) -> String {
 pub fn conn_rate_key(clients: usize) -> String {
     format!("connection_rate_{clients}_clients_cps")
 }
+/// Connection rate of the sustained run (a fresh copy of the scenario, longer than TCP's
+/// TIME-WAIT), over its whole length.
+pub const SUSTAINED_RATE: &str = "connection_rate_sustained_cps";
+/// The same in its slowest step.
+pub const SUSTAINED_SLOWEST: &str = "connection_rate_sustained_slowest_step_cps";
+/// Failed iterations of the sustained run (only reported when there were any).
+pub const SUSTAINED_ERRORS: &str = "connection_errors_sustained";
 /// Proxy CPU per completed connection (connection-rate runs).
 pub const CPU_PER_CONN: &str = "proxy_cpu_us_per_conn";
 /// Proxy RSS of freshly started proxies after one echo (sum over proxies).
@@ -106,10 +113,22 @@ pub const AGENT_CHILD_CPU: &str = "agent_children_cpu_pct_enrolled_pods";
 /// Proxy CPU per GB moved (throughput runs).
 pub const CPU_PER_GB: &str = "proxy_cpu_seconds_per_gb";
 
+/// The sustained connection-rate run of a report: its client loops, length and step.
+#[derive(Clone, Copy, Debug)]
+pub struct SustainedShape {
+    /// Parallel client loops.
+    pub clients: usize,
+    /// Length of the run, seconds.
+    pub secs: f64,
+    /// Length of a step, seconds.
+    pub step_secs: f64,
+}
+
 /// Every metric of a run, in report order.
 pub fn catalogue(
     rates: &[u32],
     conn_clients: &[usize],
+    sustained: Option<SustainedShape>,
     idle_conns: usize,
     enrolled_pods: usize,
 ) -> Vec<MetricDef> {
@@ -154,6 +173,33 @@ pub fn catalogue(
             ),
             "conn/s",
             Better::Higher,
+        ));
+    }
+    if let Some(SustainedShape {
+        clients,
+        secs,
+        step_secs,
+    }) = sustained
+    {
+        let secs = fmt_value(secs);
+        let step = fmt_value(step_secs);
+        v.push(def(
+            SUSTAINED_RATE,
+            format!("connection rate, {clients} clients, sustained {secs} s"),
+            "conn/s",
+            Better::Higher,
+        ));
+        v.push(def(
+            SUSTAINED_SLOWEST,
+            format!("  its slowest {step} s"),
+            "conn/s",
+            Better::Higher,
+        ));
+        v.push(def(
+            SUSTAINED_ERRORS,
+            "  its failed connections",
+            "conns",
+            Better::Lower,
         ));
     }
     let proxy = |d: MetricDef| MetricDef {

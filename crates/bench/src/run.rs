@@ -34,6 +34,15 @@ pub struct Plan {
     /// Parallel connection loops (client threads) of the connection-rate runs, one run per
     /// entry.
     pub conn_concurrency: Vec<usize>,
+    /// The sustained connection-rate run, once per scenario in a fresh copy of it (zero
+    /// skips it).
+    #[serde(serialize_with = "secs")]
+    pub sustained: Duration,
+    /// Its reporting step (completions are counted per step; the slowest is reported).
+    #[serde(serialize_with = "secs")]
+    pub sustained_step: Duration,
+    /// Its parallel connection loops.
+    pub sustained_clients: usize,
     /// Idle connections held open for the memory measurement.
     pub idle_conns: usize,
     /// Extra pods enrolled on the server node for the memory-per-pod measurement (in-pod
@@ -59,6 +68,11 @@ impl Plan {
             rates: vec![1_000, 10_000],
             conn_rate: Duration::from_secs(3),
             conn_concurrency: vec![1, 4],
+            // TIME-WAIT is 60 s: after that the sockets closed connections leave behind
+            // are at their steady state.
+            sustained: Duration::from_secs(75),
+            sustained_step: Duration::from_secs(5),
+            sustained_clients: 4,
             idle_conns: 10_000,
             enrolled_pods: 1_000,
             agent_cpu: Duration::from_secs(30),
@@ -76,12 +90,79 @@ impl Plan {
             rates: vec![1_000, 10_000],
             conn_rate: Duration::from_millis(300),
             conn_concurrency: vec![1, 4],
+            sustained: Duration::from_millis(500),
+            sustained_step: Duration::from_millis(100),
+            sustained_clients: 4,
             idle_conns: 200,
             enrolled_pods: 5,
             agent_cpu: Duration::from_secs(1),
             settle: Duration::from_millis(300),
         }
     }
+
+    /// Steps of the sustained run (at least one when it runs at all).
+    fn sustained_steps(&self) -> usize {
+        if self.sustained.is_zero() || self.sustained_step.is_zero() {
+            return 0;
+        }
+        let steps = self.sustained.as_secs_f64() / self.sustained_step.as_secs_f64();
+        (steps.round() as usize).max(1)
+    }
+
+    /// What the report says about the sustained run, when there is one.
+    pub fn sustained_shape(&self) -> Option<report::SustainedShape> {
+        let steps = self.sustained_steps();
+        (steps > 0).then_some(report::SustainedShape {
+            clients: self.sustained_clients,
+            secs: self.sustained_step.as_secs_f64() * steps as f64,
+            step_secs: self.sustained_step.as_secs_f64(),
+        })
+    }
+}
+
+/// The connection rate over a run longer than TCP's TIME-WAIT, in a *fresh* copy of the
+/// scenario (the rounds before leave TIME-WAIT sockets behind). A proxy that preserves the
+/// client's address connects from it, and the sockets of closed connections hold ports of
+/// that address for 60 s: how the rate holds up once they have piled up is what a server
+/// taking short connections from a busy client sees. Failed iterations are counted, and
+/// every step's completions are printed.
+fn sustained(
+    plan: &Plan,
+    kind: ScenarioKind,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Vec<(String, f64)>> {
+    let mut fresh = Scenario::start(kind, rt.handle(), 0).context("fresh scenario")?;
+    let s = rt.block_on(load::sustained_connection_rate(
+        fresh.client().clone(),
+        fresh.echo_addr(),
+        plan.sustained_clients,
+        plan.sustained_step,
+        plan.sustained_steps(),
+    ))?;
+    fresh.check_alive()?;
+    let step = report::fmt_value(plan.sustained_step.as_secs_f64());
+    let steps: Vec<String> = s.per_step.iter().map(|n| n.to_string()).collect();
+    eprintln!(
+        "  {}: connections per {step} s: {}",
+        fresh.kind().name(),
+        steps.join(" ")
+    );
+    if let Some(e) = &s.first_error {
+        eprintln!(
+            "  {}: {} failed connections, the first: {e}",
+            fresh.kind().name(),
+            s.errors
+        );
+    }
+    let mut out = vec![
+        (report::SUSTAINED_RATE.into(), s.rate()),
+        (report::SUSTAINED_SLOWEST.into(), s.slowest_step_rate()),
+    ];
+    // Only when there were any: zero is every healthy scenario's, and no ratio of it.
+    if s.errors > 0 {
+        out.push((report::SUSTAINED_ERRORS.into(), s.errors as f64));
+    }
+    Ok(out)
 }
 
 /// Proxy memory, idle and with idle connections, in a *fresh* copy of the scenario: the
@@ -192,6 +273,7 @@ enum Measurement {
     Throughput,
     Latency(u32),
     ConnRate,
+    Sustained,
     Memory,
     Enrolled,
 }
@@ -202,6 +284,7 @@ impl std::fmt::Display for Measurement {
             Self::Throughput => write!(f, "throughput"),
             Self::Latency(r) => write!(f, "latency @ {r} req/s"),
             Self::ConnRate => write!(f, "connection rate"),
+            Self::Sustained => write!(f, "sustained connection rate"),
             Self::Memory => write!(f, "memory"),
             Self::Enrolled => write!(f, "memory per enrolled pod"),
         }
@@ -217,15 +300,20 @@ pub fn execute(
     let mut samples = vec![Samples::new(); scenarios.len()];
     let mut measurements = vec![Measurement::Throughput];
     measurements.extend(plan.rates.iter().map(|r| Measurement::Latency(*r)));
-    measurements.extend([Measurement::ConnRate, Measurement::Memory]);
+    measurements.push(Measurement::ConnRate);
+    if plan.sustained_steps() > 0 {
+        measurements.push(Measurement::Sustained);
+    }
+    measurements.push(Measurement::Memory);
     if plan.enrolled_pods > 0 {
         measurements.push(Measurement::Enrolled);
     }
     for m in measurements {
-        // Enrolling 1,000 pods takes ~30 s: once per run keeps the default run under five
-        // minutes (memory figures vary little between rounds).
+        // Enrolling 1,000 pods takes ~30 s, the sustained run 75 s: once per run keeps the
+        // default run short (memory figures vary little between rounds; the sustained
+        // run's steps are its samples).
         let rounds = match m {
-            Measurement::Enrolled => 1,
+            Measurement::Enrolled | Measurement::Sustained => 1,
             _ => plan.rounds,
         };
         for round in 0..rounds {
@@ -334,9 +422,41 @@ fn measure(
             }
             Ok(out)
         }
+        Measurement::Sustained => sustained(plan, sc.kind().clone(), rt),
         Measurement::Memory if !proxied => Ok(Vec::new()),
         Measurement::Memory => memory(plan, sc.kind().clone(), rt),
         Measurement::Enrolled if !sc.kind().is_in_pod() => Ok(Vec::new()),
         Measurement::Enrolled => enrolled(plan, sc.kind().clone(), rt),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sustained_steps_and_shape() {
+        let ms = Duration::from_millis;
+        // (length, step, steps, reported seconds)
+        let cases = [
+            (ms(75_000), ms(5_000), 15, Some(75.0)),
+            (ms(500), ms(100), 5, Some(0.5)),
+            (ms(74_000), ms(5_000), 15, Some(75.0)),
+            (ms(1_000), ms(5_000), 1, Some(5.0)),
+            (ms(0), ms(5_000), 0, None),
+            (ms(3_000), ms(0), 0, None),
+        ];
+        for (length, step, steps, secs) in cases {
+            let plan = Plan {
+                sustained: length,
+                sustained_step: step,
+                ..Plan::smoke()
+            };
+            let what = format!("{length:?} by {step:?}");
+            assert_eq!(plan.sustained_steps(), steps, "{what}");
+            let shape = plan.sustained_shape();
+            assert_eq!(shape.map(|s| s.secs), secs, "{what}");
+            assert!(shape.is_none_or(|s| s.clients == 4), "{what}");
+        }
     }
 }

@@ -27,6 +27,8 @@ const COMMON: &[&str] = &[
     "latency_10000rps_achieved_rps",
     "connection_rate_1_clients_cps",
     "connection_rate_4_clients_cps",
+    "connection_rate_sustained_cps",
+    "connection_rate_sustained_slowest_step_cps",
 ];
 const PROXY: &[&str] = &[
     "proxy_rss_idle_kib",
@@ -80,8 +82,9 @@ fn smoke_run_reports_every_metric_and_leaves_nothing_behind() {
         "ambit-bench failed\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("connection rate"), "no table:\n{stdout}");
-    // baseline, ambit, ambit-dedicated, plus the fresh copies for the memory measurements.
-    assert_nothing_left(&stderr, dir.path(), 6);
+    // baseline, ambit, ambit-dedicated, plus the fresh copies for the sustained connection
+    // rate (3) and the memory measurements (3).
+    assert_nothing_left(&stderr, dir.path(), 9);
 
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["mode"], "smoke");

@@ -41,6 +41,8 @@ const TRAFFIC: &[&str] = &[
     "throughput_4_streams_bps",
     "connection_rate_1_clients_cps",
     "connection_rate_4_clients_cps",
+    "connection_rate_sustained_cps",
+    "connection_rate_sustained_slowest_step_cps",
 ];
 
 #[test]
@@ -73,8 +75,9 @@ fn upstream_ztunnel_runs_every_scenario_on_our_files_agent_and_ca() {
         out.status.success(),
         "ambit-bench with upstream failed\n{stdout}\n{stderr}"
     );
-    // The six scenarios plus fresh copies for memory (3) and enrolled pods (2).
-    assert_nothing_left(&stderr, dir.path(), 11);
+    // The six scenarios plus fresh copies for the sustained connection rate (6), memory (3)
+    // and enrolled pods (2).
+    assert_nothing_left(&stderr, dir.path(), 17);
 
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["upstream"], "upstream");
