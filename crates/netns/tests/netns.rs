@@ -464,3 +464,66 @@ async fn source_bound_sockets_pick_their_port_at_connect() {
         assert_eq!(peer.port(), after, "asked {asked}");
     }
 }
+
+/// What `IP_BIND_ADDRESS_NO_PORT` buys a proxy that connects from its client's address: with
+/// every ephemeral port of that address in use (a range of four, each held by a connection
+/// to another destination), a socket bound to the address with port 0 still connects,
+/// because only its 4-tuple must be unique, while a plain `bind(2)` of the address finds no
+/// free port. This keeps ambit's inbound connection rate up when the TIME-WAIT sockets of
+/// closed connections hold the client's ports, where upstream's inbound `bind` collapses
+/// (BENCHMARKS.md, "Sustained connections").
+#[test]
+fn a_source_bound_connect_needs_no_port_free_for_every_destination() {
+    if !netns_capable_or_skip("a_source_bound_connect_needs_no_port_free_for_every_destination") {
+        return;
+    }
+    let ns = namespace_with_lo();
+    in_netns(&ns, || {
+        // Per namespace: /proc/sys/net is the opener's namespace.
+        std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "40000 40003")
+            .expect("narrowing the port range");
+        let range = 40000..=40003;
+        // Listeners on fixed ports outside the range, so they take none of it.
+        let other = TcpListener::bind((Ipv4Addr::LOCALHOST, 5001)).expect("other listener");
+        let app = TcpListener::bind((Ipv4Addr::LOCALHOST, 5002)).expect("app listener");
+        let held: Vec<TcpStream> = range
+            .clone()
+            .map(|_| TcpStream::connect(other.local_addr().unwrap()).expect("holding a port"))
+            .collect();
+        let mut ports: Vec<u16> = held
+            .iter()
+            .map(|s| s.local_addr().unwrap().port())
+            .collect();
+        ports.sort_unstable();
+        assert_eq!(
+            ports,
+            range.clone().collect::<Vec<_>>(),
+            "every port is held"
+        );
+        let client = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let plain = Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket")
+            .bind(&client.into())
+            .map_err(|e| e.kind());
+        assert_eq!(
+            plain,
+            Err(ErrorKind::AddrInUse),
+            "plain bind of the address"
+        );
+        let sock = DefaultSocketFactory
+            .new_tcp_stream_socket(
+                app.local_addr().unwrap(),
+                Some(client),
+                &SocketOptions::default(),
+            )
+            .expect("source-bound socket");
+        sock.set_nonblocking(false).expect("blocking");
+        sock.connect_timeout(&app.local_addr().unwrap().into(), Duration::from_secs(5))
+            .expect("a source-bound connect with every port held");
+        let local = sock.local_addr().unwrap().as_socket().unwrap();
+        assert!(range.contains(&local.port()), "shares a held port: {local}");
+        let (_, peer) = app.accept().expect("accept");
+        assert_eq!(peer, local);
+    })
+    .expect("in_netns");
+}
