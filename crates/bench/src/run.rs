@@ -58,7 +58,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The default run: well under 5 minutes for two scenarios on 2 cores.
+    /// The default run: about 7 minutes for two scenarios on 2 cores (2.5 of them the
+    /// sustained runs), 17 with upstream and both mixed fleets.
     pub fn full() -> Self {
         Self {
             rounds: 3,
