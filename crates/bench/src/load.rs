@@ -394,6 +394,8 @@ pub struct Sustained {
     pub errors: u64,
     /// The first failure, for the report.
     pub first_error: Option<String>,
+    /// Time of each completed connection (connect to the echo's return), nanoseconds.
+    pub conn_time: Histogram<u64>,
 }
 
 impl Sustained {
@@ -408,17 +410,49 @@ impl Sustained {
         let min = self.per_step.iter().copied().min().unwrap_or(0);
         min as f64 / self.step.as_secs_f64()
     }
+
+    /// The 99th percentile of the connection times, microseconds (0 when none completed).
+    pub fn conn_time_p99_us(&self) -> f64 {
+        if self.conn_time.is_empty() {
+            return 0.0;
+        }
+        self.conn_time.value_at_quantile(0.99) as f64 / 1e3
+    }
+}
+
+/// A histogram of connection times in nanoseconds: 1 µs to a minute, 3 significant digits.
+fn conn_time_histogram() -> Result<Histogram<u64>> {
+    Ok(Histogram::<u64>::new_with_bounds(1_000, 60_000_000_000, 3)?)
+}
+
+/// When worker `i` of `workers` starts each iteration of a run offering `rate` connections
+/// per second in all: every `workers / rate` seconds, worker `i` offset by `i / rate`, so
+/// the workers' connections interleave evenly. `None` for a closed loop (`rate` 0).
+fn pace(rate: u32, workers: usize, i: usize) -> Option<(Duration, Duration)> {
+    if rate == 0 || workers == 0 {
+        return None;
+    }
+    let rate = f64::from(rate);
+    Some((
+        Duration::from_secs_f64(i as f64 / rate),
+        Duration::from_secs_f64(workers as f64 / rate),
+    ))
 }
 
 /// `concurrency` workers each looping {connect, 1-byte echo, close} for `steps` steps of
-/// `step`, counting completions per step. Unlike [`connection_rate`] a failed iteration is
-/// counted, not fatal: this run is long enough (longer than TCP's TIME-WAIT) to exhaust
-/// what a proxy's sockets use up, and how it fails is part of the result. A failed iteration
-/// waits 10 ms before the next, so a failing path is not hammered in a tight loop.
+/// `step`, counting completions per step and timing each connection. With `rate` > 0 the
+/// workers together offer that many connections per second, each at most one in flight
+/// (a connection that takes longer than its worker's period skips the ticks it overran:
+/// the shortfall is the result); with 0 each starts the next as soon as one ends. Unlike
+/// [`connection_rate`] a failed iteration is counted, not fatal: this run is long enough
+/// (longer than TCP's TIME-WAIT) to exhaust what a proxy's sockets use up, and how it fails
+/// is part of the result. A failed iteration of a closed loop waits 10 ms before the next,
+/// so a failing path is not hammered in a tight loop.
 pub async fn sustained_connection_rate(
     factory: Arc<NetnsSocketFactory>,
     dst: SocketAddr,
     concurrency: usize,
+    rate: u32,
     step: Duration,
     steps: usize,
 ) -> Result<Sustained> {
@@ -428,15 +462,28 @@ pub async fn sustained_connection_rate(
     let start = tokio::time::Instant::now();
     let deadline = start + step * steps as u32;
     let mut workers = JoinSet::new();
-    for _ in 0..concurrency {
+    for i in 0..concurrency {
         let (factory, done, errors, first_error) = (
             factory.clone(),
             done.clone(),
             errors.clone(),
             first_error.clone(),
         );
+        let mut ticker = pace(rate, concurrency, i).map(|(offset, period)| {
+            let mut t = tokio::time::interval_at(start + offset, period);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            t
+        });
+        let mut times = conn_time_histogram()?;
         workers.spawn(async move {
-            while tokio::time::Instant::now() < deadline && !stopped() {
+            loop {
+                if let Some(t) = &mut ticker {
+                    t.tick().await;
+                }
+                if tokio::time::Instant::now() >= deadline || stopped() {
+                    break;
+                }
+                let began = Instant::now();
                 let one = async {
                     let mut s = connect(&factory, dst).await?;
                     echo_byte(&mut s).await
@@ -444,6 +491,7 @@ pub async fn sustained_connection_rate(
                 match one.await {
                     Ok(()) => {
                         done.fetch_add(1, Ordering::Relaxed);
+                        times.saturating_record(began.elapsed().as_nanos() as u64);
                     }
                     Err(e) => {
                         errors.fetch_add(1, Ordering::Relaxed);
@@ -451,10 +499,13 @@ pub async fn sustained_connection_rate(
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .get_or_insert_with(|| format!("{e:#}"));
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        if ticker.is_none() {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
                     }
                 }
             }
+            times
         });
     }
     let mut per_step = Vec::with_capacity(steps);
@@ -468,17 +519,21 @@ pub async fn sustained_connection_rate(
             break;
         }
     }
-    while let Some(r) = workers.join_next().await {
-        r.context("sustained connection-rate worker")?;
-    }
     // Connections that completed after the last step (a worker's iteration in flight at
-    // the deadline) count in none.
+    // the deadline) count in no step, but their times are in the histogram.
+    let mut conn_time = conn_time_histogram()?;
+    while let Some(r) = workers.join_next().await {
+        conn_time
+            .add(r.context("sustained connection-rate worker")?)
+            .context("merging connection times")?;
+    }
     let first_error = first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
     Ok(Sustained {
         per_step,
         step,
         errors: errors.load(Ordering::Relaxed),
         first_error,
+        conn_time,
     })
 }
 
@@ -565,6 +620,7 @@ mod tests {
             step: Duration::from_millis(step_ms),
             errors: 0,
             first_error: None,
+            conn_time: conn_time_histogram().unwrap(),
         };
         // (completions per step, step, whole-run rate, slowest step's rate)
         let cases: [(&[u64], u64, f64, f64); 4] = [
@@ -582,5 +638,49 @@ mod tests {
                 s.slowest_step_rate()
             );
         }
+    }
+
+    #[test]
+    fn paced_workers_interleave_evenly() {
+        let ms = |m: f64| Duration::from_secs_f64(m / 1e3);
+        // (offered conn/s, workers, worker, expected (first start, period))
+        let cases = [
+            (400, 4, 0, Some((ms(0.0), ms(10.0)))),
+            (400, 4, 3, Some((ms(7.5), ms(10.0)))),
+            (1_000, 1, 0, Some((ms(0.0), ms(1.0)))),
+            (3, 4, 1, Some((ms(1_000.0 / 3.0), ms(4_000.0 / 3.0)))),
+            (0, 4, 0, None),
+            (400, 0, 0, None),
+        ];
+        for (rate, workers, i, want) in cases {
+            let got = pace(rate, workers, i);
+            let close = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_micros(1);
+            let ok = match (got, want) {
+                (Some((o, p)), Some((wo, wp))) => close(o, wo) && close(p, wp),
+                (None, None) => true,
+                _ => false,
+            };
+            assert!(ok, "{rate}/s, {workers} workers, worker {i}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn connection_time_p99() {
+        let mut s = Sustained {
+            per_step: vec![100],
+            step: Duration::from_secs(1),
+            errors: 0,
+            first_error: None,
+            conn_time: conn_time_histogram().unwrap(),
+        };
+        assert_eq!(s.conn_time_p99_us(), 0.0, "no connection completed");
+        for _ in 0..98 {
+            s.conn_time.record(300_000).unwrap();
+        }
+        s.conn_time.record(20_000_000).unwrap();
+        s.conn_time.record(20_000_000).unwrap();
+        // 2 of 100 took 20 ms: the 99th percentile is one of them.
+        let p99 = s.conn_time_p99_us();
+        assert!((p99 - 20_000.0).abs() < 20.0, "{p99}");
     }
 }

@@ -35,7 +35,7 @@ mod scenario;
 mod svg;
 
 use run::Plan;
-use scenario::{Scenario, ScenarioKind, ZtunnelCmd};
+use scenario::{PodSysctls, Scenario, ScenarioKind, ZtunnelCmd};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -140,6 +140,18 @@ struct Args {
     /// hold is at its steady state; 0 skips it).
     #[arg(long)]
     sustained_secs: Option<f64>,
+    /// Connections per second the sustained run's 4 client loops offer together, each
+    /// with at most one connection in flight (default 0: each loop starts its next
+    /// connection as soon as one ends).
+    #[arg(long, default_value_t = 0)]
+    sustained_rate: u32,
+    /// The client's and the server's pod sysctls in every scenario. `default` is what a
+    /// Kubernetes pod gets (ports 32768–60999, `tcp_tw_reuse=2`): with it the client runs
+    /// out of ports after ~28,000 connections to the server within a minute, so the
+    /// connection-rate rounds fail; pair it with a `--sustained-rate` below ~470/s and
+    /// short other windows.
+    #[arg(long, value_enum, default_value_t = PodSysctls::Tuned)]
+    pod_sysctls: PodSysctls,
     /// Write the JSON report here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -207,6 +219,8 @@ fn plan(args: &Args) -> Result<Plan> {
     if let Some(s) = args.sustained_secs {
         plan.sustained = secs(s)?;
     }
+    plan.sustained_rate = args.sustained_rate;
+    plan.pod_sysctls = args.pod_sysctls;
     // Each idle connection costs this process one descriptor (the server side; the client
     // side is held by a child process) and each ztunnel about one.
     if let Some(limit) = procstat::open_files_soft_limit() {
@@ -348,7 +362,7 @@ fn bench(args: Args) -> Result<()> {
     for kind in kinds {
         eprintln!("starting scenario {}: {}", kind.name(), kind.describe());
         let name = kind.name().to_string();
-        let sc = Scenario::start(kind, rt.handle(), 0)
+        let sc = Scenario::start(kind, rt.handle(), 0, plan.pod_sysctls)
             .with_context(|| format!("starting scenario {name}"))?;
         scenarios.push(sc);
     }

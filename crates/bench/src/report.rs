@@ -86,6 +86,8 @@ pub fn conn_rate_key(clients: usize) -> String {
 pub const SUSTAINED_RATE: &str = "connection_rate_sustained_cps";
 /// The same in its slowest step.
 pub const SUSTAINED_SLOWEST: &str = "connection_rate_sustained_slowest_step_cps";
+/// The 99th percentile of the sustained run's connection times (connect to echo).
+pub const SUSTAINED_CONN_P99: &str = "connection_time_sustained_p99_us";
 /// Failed iterations of the sustained run (only reported when there were any).
 pub const SUSTAINED_ERRORS: &str = "connection_errors_sustained";
 /// Proxy CPU per completed connection (connection-rate runs).
@@ -118,6 +120,8 @@ pub const CPU_PER_GB: &str = "proxy_cpu_seconds_per_gb";
 pub struct SustainedShape {
     /// Parallel client loops.
     pub clients: usize,
+    /// Connections per second they offer together (0: as fast as they go).
+    pub rate: u32,
     /// Length of the run, seconds.
     pub secs: f64,
     /// Length of a step, seconds.
@@ -177,15 +181,21 @@ pub fn catalogue(
     }
     if let Some(SustainedShape {
         clients,
+        rate,
         secs,
         step_secs,
     }) = sustained
     {
         let secs = fmt_value(secs);
         let step = fmt_value(step_secs);
+        let offered = if rate > 0 {
+            format!(" offering {rate}/s")
+        } else {
+            String::new()
+        };
         v.push(def(
             SUSTAINED_RATE,
-            format!("connection rate, {clients} clients, sustained {secs} s"),
+            format!("connection rate, {clients} clients{offered}, sustained {secs} s"),
             "conn/s",
             Better::Higher,
         ));
@@ -194,6 +204,12 @@ pub fn catalogue(
             format!("  its slowest {step} s"),
             "conn/s",
             Better::Higher,
+        ));
+        v.push(def(
+            SUSTAINED_CONN_P99,
+            "  its connection time p99",
+            "us",
+            Better::Lower,
         ));
         v.push(def(
             SUSTAINED_ERRORS,

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use crate::load::{self, STOP};
 use crate::procstat;
 use crate::report::{self, PERCENTILES, Samples};
-use crate::scenario::{Scenario, ScenarioKind};
+use crate::scenario::{PodSysctls, Scenario, ScenarioKind};
 
 /// Durations and sizes of one run.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -43,6 +43,11 @@ pub struct Plan {
     pub sustained_step: Duration,
     /// Its parallel connection loops.
     pub sustained_clients: usize,
+    /// Connections per second its loops offer together (0: each loop starts the next
+    /// connection as soon as one ends).
+    pub sustained_rate: u32,
+    /// The client's and the server's pod sysctls, in every scenario.
+    pub pod_sysctls: PodSysctls,
     /// Idle connections held open for the memory measurement.
     pub idle_conns: usize,
     /// Extra pods enrolled on the server node for the memory-per-pod measurement (in-pod
@@ -74,6 +79,8 @@ impl Plan {
             sustained: Duration::from_secs(75),
             sustained_step: Duration::from_secs(5),
             sustained_clients: 4,
+            sustained_rate: 0,
+            pod_sysctls: PodSysctls::Tuned,
             idle_conns: 10_000,
             enrolled_pods: 1_000,
             agent_cpu: Duration::from_secs(30),
@@ -94,6 +101,8 @@ impl Plan {
             sustained: Duration::from_millis(500),
             sustained_step: Duration::from_millis(100),
             sustained_clients: 4,
+            sustained_rate: 0,
+            pod_sysctls: PodSysctls::Tuned,
             idle_conns: 200,
             enrolled_pods: 5,
             agent_cpu: Duration::from_secs(1),
@@ -115,6 +124,7 @@ impl Plan {
         let steps = self.sustained_steps();
         (steps > 0).then_some(report::SustainedShape {
             clients: self.sustained_clients,
+            rate: self.sustained_rate,
             secs: self.sustained_step.as_secs_f64() * steps as f64,
             step_secs: self.sustained_step.as_secs_f64(),
         })
@@ -132,11 +142,13 @@ fn sustained(
     kind: ScenarioKind,
     rt: &tokio::runtime::Runtime,
 ) -> Result<Vec<(String, f64)>> {
-    let mut fresh = Scenario::start(kind, rt.handle(), 0).context("fresh scenario")?;
+    let mut fresh =
+        Scenario::start(kind, rt.handle(), 0, plan.pod_sysctls).context("fresh scenario")?;
     let s = rt.block_on(load::sustained_connection_rate(
         fresh.client().clone(),
         fresh.echo_addr(),
         plan.sustained_clients,
+        plan.sustained_rate,
         plan.sustained_step,
         plan.sustained_steps(),
     ))?;
@@ -158,6 +170,7 @@ fn sustained(
     let mut out = vec![
         (report::SUSTAINED_RATE.into(), s.rate()),
         (report::SUSTAINED_SLOWEST.into(), s.slowest_step_rate()),
+        (report::SUSTAINED_CONN_P99.into(), s.conn_time_p99_us()),
     ];
     // Only when there were any: zero is every healthy scenario's, and no ratio of it.
     if s.errors > 0 {
@@ -176,7 +189,8 @@ fn memory(
     kind: ScenarioKind,
     rt: &tokio::runtime::Runtime,
 ) -> Result<Vec<(String, f64)>> {
-    let mut fresh = Scenario::start(kind, rt.handle(), 0).context("fresh scenario")?;
+    let mut fresh =
+        Scenario::start(kind, rt.handle(), 0, plan.pod_sysctls).context("fresh scenario")?;
     let pids = fresh.proxy_pids();
     let rss = || -> Result<f64> {
         let kib: u64 = pids
@@ -220,7 +234,8 @@ fn enrolled(
     rt: &tokio::runtime::Runtime,
 ) -> Result<Vec<(String, f64)>> {
     let n = plan.enrolled_pods;
-    let mut fresh = Scenario::start(kind, rt.handle(), n).context("fresh scenario")?;
+    let mut fresh =
+        Scenario::start(kind, rt.handle(), n, plan.pod_sysctls).context("fresh scenario")?;
     let pid = fresh
         .server_proxy_pid()
         .context("no ztunnel on the server node")?;

@@ -227,15 +227,19 @@ impl Scenario {
         kind: ScenarioKind,
         rt: &tokio::runtime::Handle,
         extra_pods: usize,
+        sysctls: PodSysctls,
     ) -> Result<Self> {
         let topo = Topology::builder()
             .pod(CLIENT_NODE, CLIENT)
             .pod(SERVER_NODE, SERVER)
             .build()
             .context("building the topology")?;
-        for pod in [CLIENT, SERVER] {
-            tune_pod(&topo, pod)?;
+        if sysctls == PodSysctls::Tuned {
+            for pod in [CLIENT, SERVER] {
+                tune_pod(&topo, pod)?;
+            }
         }
+        let effective = pod_sysctls(&topo, SERVER)?;
         let client = Arc::new(topo.pod(CLIENT).netns().socket_factory(None)?);
         let server_ip = IpAddr::V4(topo.pod(SERVER).ip());
         let mut s = Scenario {
@@ -258,6 +262,7 @@ impl Scenario {
             s.topo.prefix(),
             s.dir.path().display()
         );
+        eprintln!("  {} pod sysctls: {effective}", kind.name());
         let server = s.topo.pod(SERVER).netns().socket_factory(None)?;
         load::start_servers(&server, rt, &mut s.tasks, s.received.clone())?;
         match &kind {
@@ -733,6 +738,20 @@ fn spiffe_id(sa: &str) -> Result<SpiffeId> {
     Ok(SpiffeId::new(TRUST_DOMAIN, inpod::NAMESPACE, sa)?)
 }
 
+/// The client's and the server's pod sysctls, the same for every scenario of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PodSysctls {
+    /// A wide ephemeral port range (1024–65000) and `tcp_tw_reuse=1`, so the connection
+    /// rates are not bounded by the client's own ports ([`tune_pod`]).
+    Tuned,
+    /// What a new network namespace gets, as a Kubernetes pod does unless its spec says
+    /// otherwise: ports 32768–60999 and `tcp_tw_reuse=2` (loopback only). TIME-WAIT then
+    /// bounds one client address to one server port at ~470 connections/s for every data
+    /// plane and for none.
+    Default,
+}
+
 /// Per-pod sysctls so the connection-rate test is not limited by ephemeral ports: a wide
 /// port range and reuse of TIME_WAIT ports for outgoing connections. Written inside the
 /// pod's namespace (the `net` sysctls are per namespace); the same for every scenario.
@@ -743,6 +762,26 @@ fn tune_pod(topo: &Topology, pod: &str) -> Result<()> {
         std::fs::write("/proc/sys/net/ipv4/tcp_tw_reuse", "1")
     })?
     .with_context(|| format!("sysctls in {pod}"))
+}
+
+/// The sysctls [`tune_pod`] sets, as `pod`'s namespace has them (for the run's log).
+fn pod_sysctls(topo: &Topology, pod: &str) -> Result<String> {
+    let read = |name: &str| -> std::io::Result<String> {
+        let v = std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))?;
+        Ok(format!(
+            "{name} {}",
+            v.split_whitespace().collect::<Vec<_>>().join(" ")
+        ))
+    };
+    let ns = topo.pod(pod).netns();
+    ns.run(|| {
+        Ok::<_, std::io::Error>(format!(
+            "{}, {}",
+            read("ip_local_port_range")?,
+            read("tcp_tw_reuse")?
+        ))
+    })?
+    .with_context(|| format!("reading the sysctls of {pod}"))
 }
 
 /// Makes the process `cmd` starts get SIGKILL when this process dies, so a bench killed

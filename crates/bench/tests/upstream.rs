@@ -43,6 +43,7 @@ const TRAFFIC: &[&str] = &[
     "connection_rate_4_clients_cps",
     "connection_rate_sustained_cps",
     "connection_rate_sustained_slowest_step_cps",
+    "connection_time_sustained_p99_us",
 ];
 
 #[test]
