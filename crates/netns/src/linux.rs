@@ -211,6 +211,42 @@ pub(crate) fn set_bind_address_no_port(sock: &Socket) -> io::Result<()> {
     }
 }
 
+/// `IP_LOCAL_PORT_RANGE` (Linux 6.3; not in `libc` yet): a per-socket ephemeral port range.
+const IP_LOCAL_PORT_RANGE: libc::c_int = 51;
+
+/// Sets a per-socket port range that does not narrow the namespace's (low 0, high 65535:
+/// the kernel keeps each bound that lies outside the namespace's range). A socket with a
+/// range of its own is given its port at `connect(2)` by a search from where the last one
+/// to the same destination ended, over both port parities. Without one the kernel first
+/// searches only the even ports (the odd ones are `bind(2)`'s), so once TIME-WAIT sockets
+/// to one destination hold every even port (~14,000 in a pod's default range 32768–60999,
+/// i.e. above ~235 connections/s from one client address to one app port) each connect
+/// walks all of them before it tries an odd one: milliseconds of CPU per connection
+/// (BENCHMARKS.md, "Kernel-default pod sysctls"). `Ok(false)` on a kernel without the
+/// option, which then searches as before.
+pub(crate) fn set_sequential_port_search(sock: &Socket) -> io::Result<bool> {
+    let range: u32 = 0xffff << 16;
+    // SAFETY: a valid open socket fd and a pointer to a u32 of the given size.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(sock),
+            libc::IPPROTO_IP,
+            IP_LOCAL_PORT_RANGE,
+            std::ptr::from_ref(&range).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ENOPROTOOPT) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
 pub(crate) fn original_dst(sock: &socket2::SockRef<'_>) -> io::Result<std::net::SocketAddr> {
     let v4 = sock.original_dst_v4();
     let addr = match v4 {

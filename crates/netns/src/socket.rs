@@ -174,7 +174,9 @@ pub trait SocketFactory: std::fmt::Debug + Send + Sync {
 
     /// A non-blocking, unconnected TCP socket of `remote`'s family, bound to `local` if
     /// given. Connect it with tokio (`TcpSocket::from_std_stream(sock.into())`) or use
-    /// [`connect_tcp`].
+    /// [`connect_tcp`]. Bound to an address with port 0, it gets its port at connect time,
+    /// searched over the whole range from where the last search to the same destination
+    /// ended (`IP_BIND_ADDRESS_NO_PORT`, `IP_LOCAL_PORT_RANGE`).
     fn new_tcp_stream_socket(
         &self,
         remote: SocketAddr,
@@ -187,6 +189,13 @@ pub trait SocketFactory: std::fmt::Debug + Send + Sync {
                 // Choose the port at connect time (per 4-tuple), not at bind time.
                 imp::set_bind_address_no_port(&sock).map_err(|source| SocketError::Option {
                     option: "IP_BIND_ADDRESS_NO_PORT",
+                    source,
+                })?;
+                // A source-preserving proxy makes many connections from one client's
+                // address to one app port: keep the kernel's port search short once
+                // TIME-WAIT holds most of the range.
+                imp::set_sequential_port_search(&sock).map_err(|source| SocketError::Option {
+                    option: "IP_LOCAL_PORT_RANGE",
                     source,
                 })?;
             }

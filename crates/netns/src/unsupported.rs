@@ -41,6 +41,10 @@ pub(crate) fn set_pre_exec(_cmd: &mut Command, _fd: OwnedFd) -> Result<(), Netns
     Err(NetnsError::Unsupported)
 }
 
+pub(crate) fn set_sequential_port_search(_sock: &Socket) -> std::io::Result<bool> {
+    Ok(false)
+}
+
 pub(crate) fn set_bind_address_no_port(_sock: &Socket) -> std::io::Result<()> {
     Ok(())
 }

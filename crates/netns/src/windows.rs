@@ -38,6 +38,11 @@ pub fn under_wine() -> bool {
 /// What a socket handle is here: a `SOCKET`.
 pub(crate) use std::os::windows::io::AsSocket;
 
+/// Windows has no per-socket port range; its port choice is its own.
+pub(crate) fn set_sequential_port_search(_sock: &Socket) -> io::Result<bool> {
+    Ok(false)
+}
+
 /// Windows picks an ephemeral port at `connect` for a socket bound to port 0 anyway.
 pub(crate) fn set_bind_address_no_port(_sock: &Socket) -> io::Result<()> {
     Ok(())

@@ -527,3 +527,85 @@ fn a_source_bound_connect_needs_no_port_free_for_every_destination() {
     })
     .expect("in_netns");
 }
+
+/// Whether the kernel has per-socket port ranges (`IP_LOCAL_PORT_RANGE`, Linux 6.3).
+/// Without them: a failure under `CI=true`, else a skip message naming `test`.
+fn per_socket_port_ranges_or_skip(test: &str) -> bool {
+    let sock = Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let mut val: u32 = 0;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: a valid socket fd, a u32 and its length.
+    let rc = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            libc::IPPROTO_IP,
+            51, // IP_LOCAL_PORT_RANGE
+            std::ptr::from_mut(&mut val).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        return true;
+    }
+    let reason = std::io::Error::last_os_error();
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test}: needs IP_LOCAL_PORT_RANGE (Linux 6.3+, CI=true): {reason}");
+    }
+    eprintln!("skipping {test}: needs IP_LOCAL_PORT_RANGE (Linux 6.3+): {reason}");
+    false
+}
+
+/// A source-bound socket's port is searched over both parities from where the last search
+/// to the same destination ended (a per-socket port range), not over the even ports first
+/// as a plain `connect(2)`'s is. The even-first search is what walks every TIME-WAIT socket
+/// of a busy client address before it finds a port (BENCHMARKS.md, "Kernel-default pod
+/// sysctls"); both parities are what shows the factory's sockets leave it.
+#[test]
+fn source_bound_connects_search_ports_of_both_parities() {
+    let test = "source_bound_connects_search_ports_of_both_parities";
+    if !netns_capable_or_skip(test) || !per_socket_port_ranges_or_skip(test) {
+        return;
+    }
+    let ns = namespace_with_lo();
+    in_netns(&ns, || {
+        std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "40000 40007")
+            .expect("narrowing the port range");
+        // Listeners on fixed ports outside the range; each is one destination.
+        let listeners: Vec<TcpListener> = (5001..=5006)
+            .map(|p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).expect("listener"))
+            .collect();
+        let (plain_dst, factory_dsts) = listeners.split_first().unwrap();
+        // Half the range to one destination each time: a plain connect finds only even ports.
+        let plain: Vec<TcpStream> = (0..4)
+            .map(|_| TcpStream::connect(plain_dst.local_addr().unwrap()).expect("plain connect"))
+            .collect();
+        let mut ports: Vec<u16> = plain
+            .iter()
+            .map(|s| s.local_addr().unwrap().port())
+            .collect();
+        ports.sort_unstable();
+        assert_eq!(ports, [40000, 40002, 40004, 40006], "plain connects");
+        // The same from the factory, to five destinations: all 20 ports even would happen
+        // about once in a million runs with a search over both parities.
+        let client = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let mut held = Vec::new();
+        let mut odd = 0;
+        for dst in factory_dsts {
+            let dst = dst.local_addr().unwrap();
+            for _ in 0..4 {
+                let sock = DefaultSocketFactory
+                    .new_tcp_stream_socket(dst, Some(client), &SocketOptions::default())
+                    .expect("source-bound socket");
+                sock.set_nonblocking(false).expect("blocking");
+                sock.connect_timeout(&dst.into(), Duration::from_secs(5))
+                    .expect("source-bound connect");
+                let port = sock.local_addr().unwrap().as_socket().unwrap().port();
+                assert!((40000..=40007).contains(&port), "{port}");
+                odd += usize::from(port % 2 == 1);
+                held.push(sock);
+            }
+        }
+        assert!(odd > 0, "20 source-bound connects, every port even");
+    })
+    .expect("in_netns");
+}
