@@ -2,9 +2,11 @@
 //! extras.
 //!
 //! [`Metrics`] is a cheap clone (one `Arc`) shared by every component. Traffic is recorded
-//! through a [`ConnectionGuard`]: the label set is hashed once when the connection opens,
-//! the byte counters are then plain atomics shared with the registry, so bytes are visible
-//! to scrapes while the connection is still running.
+//! through a [`ConnectionGuard`]: the label set is hashed once when the connection opens
+//! (into a per-thread table of the registry's counters for that label set, so the five
+//! families are searched only for a label set's first connection on a thread), the byte
+//! counters are then plain atomics shared with the registry, so bytes are visible to scrapes
+//! while the connection is still running.
 //!
 //! # Byte direction (Istio's convention)
 //!
@@ -18,9 +20,13 @@
 
 mod labels;
 
+use std::borrow::Borrow;
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
@@ -113,6 +119,8 @@ pub struct WorkloadManagerMetrics {
 
 #[derive(Debug)]
 struct Inner {
+    /// Tells this registry's entries in the per-thread [`LabelSet`] tables from another's.
+    id: u64,
     // Only written when a collector is added after start (tokio runtimes); scrapes read.
     registry: RwLock<Registry>,
     tokio: TokioCollector,
@@ -270,8 +278,10 @@ impl Metrics {
         let tokio = TokioCollector::default();
         root.register_collector(Box::new(tokio.clone()));
 
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Metrics {
             inner: Arc::new(Inner {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 registry: RwLock::new(root),
                 tokio,
                 traffic,
@@ -285,26 +295,60 @@ impl Metrics {
     /// Starts recording one proxied connection: counts it opened and open; the returned
     /// guard records bytes live and counts it closed (and failed) when dropped.
     pub fn connection_opened(&self, labels: TrafficLabels) -> ConnectionGuard {
-        let labels = shared_labels(labels);
+        let set = self.label_set(labels);
+        set.opened.inc();
+        set.sockets_open.inc();
+        ConnectionGuard {
+            metrics: self.clone(),
+            flag: AtomicU8::new(set.labels.response_flags as u8),
+            set,
+            bytes_sent: AtomicU64::new(0),
+            bytes_received: AtomicU64::new(0),
+            opened_at: Instant::now(),
+        }
+    }
+
+    /// This registry's counters for `labels`, from this thread's table (one hash of the
+    /// labels) or, for the label set's first connection on this thread, from the families.
+    fn label_set(&self, labels: TrafficLabels) -> Arc<LabelSet> {
+        let mut labels = Some(labels);
+        LABEL_SETS
+            .try_with(|table| {
+                let labels = labels.take().expect("taken once");
+                let mut table = table.borrow_mut();
+                if let Some(set) = table.get(&labels)
+                    && set.registry == self.inner.id
+                {
+                    return set.clone();
+                }
+                let set = Arc::new(self.new_label_set(labels));
+                if table.len() >= super::SHARE_CAPACITY {
+                    table.clear();
+                }
+                table.replace(set.clone());
+                set
+            })
+            .unwrap_or_else(|_| {
+                let labels = labels.take().expect("not taken when the table is gone");
+                Arc::new(self.new_label_set(labels))
+            })
+    }
+
+    fn new_label_set(&self, labels: TrafficLabels) -> LabelSet {
         let t = &self.inner.traffic;
-        t.opened.get_or_create(&labels).inc();
         let reporter = OneLabel {
             name: "reporter",
             value: labels.reporter.as_str(),
         };
-        let sockets_open = t.sockets_open.get_or_create(&reporter).clone();
-        sockets_open.inc();
-        ConnectionGuard {
+        LabelSet {
+            registry: self.inner.id,
+            opened: t.opened.get_or_create(&labels).clone(),
             sent: t.sent.get_or_create(&labels).clone(),
             received: t.received.get_or_create(&labels).clone(),
+            closed: OnceLock::new(),
+            sockets_open: t.sockets_open.get_or_create(&reporter).clone(),
             duration: t.duration.get_or_create(&reporter).clone(),
-            sockets_open,
-            metrics: self.clone(),
-            flag: AtomicU8::new(labels.response_flags as u8),
             labels,
-            bytes_sent: AtomicU64::new(0),
-            bytes_received: AtomicU64::new(0),
-            opened_at: Instant::now(),
         }
     }
 
@@ -436,12 +480,10 @@ fn openmetrics_to_prometheus(om: &str) -> String {
 #[derive(Debug)]
 pub struct ConnectionGuard {
     metrics: Metrics,
-    /// Shared with every open connection of the same label set (see [`shared_labels`]).
-    labels: Arc<TrafficLabels>,
-    sent: Counter,
-    received: Counter,
-    sockets_open: Gauge,
-    duration: Histogram,
+    /// Shared with every open connection of the same label set on the same thread (see
+    /// [`Metrics::label_set`]): an idle connection keeps one pointer instead of the ~25
+    /// (interned) label strings and the registry's handles of its own.
+    set: Arc<LabelSet>,
     flag: AtomicU8,
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
@@ -451,13 +493,13 @@ pub struct ConnectionGuard {
 impl ConnectionGuard {
     /// Bytes copied server → client (Istio "sent", the response direction).
     pub fn add_sent(&self, n: u64) {
-        self.sent.inc_by(n);
+        self.set.sent.inc_by(n);
         self.bytes_sent.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Bytes copied client → server (Istio "received", the request direction).
     pub fn add_received(&self, n: u64) {
-        self.received.inc_by(n);
+        self.set.received.inc_by(n);
         self.bytes_received.fetch_add(n, Ordering::Relaxed);
     }
 
@@ -489,35 +531,72 @@ impl ConnectionGuard {
 
     /// The labels the connection was opened with.
     pub fn labels(&self) -> &TrafficLabels {
+        &self.set.labels
+    }
+}
+
+/// The registry's handles for one label set: what a connection records into, looked up
+/// once per label set and thread instead of hashing its 25 labels into five families for
+/// every connection (BENCHMARKS.md, "Micro-benchmarks"). Families never drop an entry, so
+/// the handles stay the registry's own.
+#[derive(Debug)]
+struct LabelSet {
+    /// [`Inner::id`] of the registry the handles belong to.
+    registry: u64,
+    labels: TrafficLabels,
+    opened: Counter,
+    sent: Counter,
+    received: Counter,
+    /// Created at the first close with the opening flag, as the family entry would be: a
+    /// label set's closed series appears only once a connection closed.
+    closed: OnceLock<Counter>,
+    sockets_open: Gauge,
+    duration: Histogram,
+}
+
+/// Equal and hashed as its labels, so a table of label sets is searched by labels alone.
+impl PartialEq for LabelSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.labels == other.labels
+    }
+}
+
+impl Eq for LabelSet {}
+
+impl Hash for LabelSet {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.labels.hash(state)
+    }
+}
+
+impl Borrow<TrafficLabels> for Arc<LabelSet> {
+    fn borrow(&self) -> &TrafficLabels {
         &self.labels
     }
 }
 
 thread_local! {
-    static SHARED_LABELS: super::ShareTable<TrafficLabels> = Default::default();
-}
-
-/// One allocation for every open connection with these labels on this thread: an idle
-/// connection keeps a pointer instead of ~25 (interned) strings of its own, ~400 bytes per
-/// connection and proxy.
-fn shared_labels(labels: TrafficLabels) -> Arc<TrafficLabels> {
-    super::share(&SHARED_LABELS, labels)
+    /// A full table starts over (handed-out sets stay valid); outside a thread-local
+    /// context a connection gets a set of its own.
+    static LABEL_SETS: RefCell<HashSet<Arc<LabelSet>>> = Default::default();
 }
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        self.sockets_open.dec();
-        self.duration
-            .observe(self.opened_at.elapsed().as_secs_f64());
+        let set = &self.set;
+        set.sockets_open.dec();
+        set.duration.observe(self.opened_at.elapsed().as_secs_f64());
         let flag = self.response_flag();
         let t = &self.metrics.inner.traffic;
-        if flag == self.labels.response_flags {
-            t.closed.get_or_create(&self.labels).inc();
+        if flag == set.labels.response_flags {
+            set.closed
+                .get_or_init(|| t.closed.get_or_create(&set.labels).clone())
+                .inc();
             if flag.is_failure() {
-                t.failed.get_or_create(&self.labels).inc();
+                t.failed.get_or_create(&set.labels).inc();
             }
         } else {
-            let mut labels = TrafficLabels::clone(&self.labels);
+            let mut labels = set.labels.clone();
             labels.response_flags = flag;
             t.closed.get_or_create(&labels).inc();
             if flag.is_failure() {
@@ -551,6 +630,73 @@ mod tests {
         assert!(std::ptr::eq(a.labels(), b.labels()));
         assert!(!std::ptr::eq(a.labels(), c.labels()));
         assert_eq!(c.labels().source_workload.as_ref(), "other");
+    }
+
+    /// The value of the one series of `family` whose labels contain `label`.
+    fn series(text: &str, family: &str, label: &str) -> Option<u64> {
+        let found: Vec<_> = sample(text, &format!("{family}{{"))
+            .into_iter()
+            .filter(|l| l.contains(label))
+            .collect();
+        assert!(found.len() <= 1, "{found:?}");
+        found
+            .first()
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn cached_label_sets_count_into_their_own_registry() {
+        let labels = |w: &str| {
+            let mut l = TrafficLabels::new(Reporter::Source);
+            l.source_workload = w.into();
+            l
+        };
+        // Two registries on one thread (as in tests, or a restarted proxy), and more label
+        // sets than a thread's table holds, so it starts over in between.
+        let (a, b) = (Metrics::new("1.0"), Metrics::new("1.0"));
+        let (a1, a2) = (
+            a.connection_opened(labels("w")),
+            a.connection_opened(labels("w")),
+        );
+        let b1 = b.connection_opened(labels("w"));
+        for i in 0..crate::telemetry::SHARE_CAPACITY + 1 {
+            drop(a.connection_opened(labels(&format!("other-{i}"))));
+        }
+        let a3 = a.connection_opened(labels("w"));
+        for g in [&a1, &a2, &a3, &b1] {
+            g.add_received(7);
+        }
+        drop((a1, a2, b1));
+        let closed_before_last = a.encode(Exposition::OpenMetrics).unwrap();
+        drop(a3);
+        let (ta, tb) = (
+            a.encode(Exposition::OpenMetrics).unwrap(),
+            b.encode(Exposition::OpenMetrics).unwrap(),
+        );
+        let w = r#"source_workload="w""#;
+        let cases = [
+            (&ta, "istio_tcp_connections_opened_total", Some(3)),
+            (&ta, "istio_tcp_received_bytes_total", Some(21)),
+            (&ta, "istio_tcp_connections_closed_total", Some(3)),
+            (&tb, "istio_tcp_connections_opened_total", Some(1)),
+            (&tb, "istio_tcp_received_bytes_total", Some(7)),
+            (&tb, "istio_tcp_connections_closed_total", Some(1)),
+            (
+                &closed_before_last,
+                "istio_tcp_connections_closed_total",
+                Some(2),
+            ),
+            (&ta, "istio_tcp_connections_failed_total", None),
+        ];
+        for (text, family, want) in cases {
+            assert_eq!(series(text, family, w), want, "{family}");
+        }
+        for (text, open) in [(&ta, 0), (&tb, 0)] {
+            assert_eq!(
+                sample(text, r#"istio_tcp_sockets_open{reporter="source"} "#),
+                [format!(r#"istio_tcp_sockets_open{{reporter="source"}} {open}"#).as_str()]
+            );
+        }
     }
 
     #[test]
