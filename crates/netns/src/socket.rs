@@ -120,6 +120,12 @@ pub struct SocketOptions {
     pub only_v6: Option<bool>,
     /// Listen backlog.
     pub backlog: i32,
+    /// For a TCP stream socket that is not bound ([`SocketFactory::new_tcp_stream_socket`]
+    /// without a local address): search the whole port range in sequence at connect
+    /// (`IP_LOCAL_PORT_RANGE`), as sockets bound to an address with port 0 always do.
+    /// Off, the kernel searches the even ports first. For a proxy's connects on an
+    /// application's behalf, which share the application's 4-tuples to one destination.
+    pub sequential_port_search: bool,
 }
 
 impl Default for SocketOptions {
@@ -134,6 +140,7 @@ impl Default for SocketOptions {
             keepalive: None,
             only_v6: None,
             backlog: 1024,
+            sequential_port_search: false,
         }
     }
 }
@@ -174,7 +181,8 @@ pub trait SocketFactory: std::fmt::Debug + Send + Sync {
 
     /// A non-blocking, unconnected TCP socket of `remote`'s family, bound to `local` if
     /// given. Connect it with tokio (`TcpSocket::from_std_stream(sock.into())`) or use
-    /// [`connect_tcp`]. Bound to an address with port 0, it gets its port at connect time,
+    /// [`connect_tcp`]. Bound to an address with port 0 (or not bound, with
+    /// [`SocketOptions::sequential_port_search`]), it gets its port at connect time,
     /// searched over the whole range from where the last search to the same destination
     /// ended (`IP_BIND_ADDRESS_NO_PORT`, `IP_LOCAL_PORT_RANGE`).
     fn new_tcp_stream_socket(
@@ -184,21 +192,23 @@ pub trait SocketFactory: std::fmt::Debug + Send + Sync {
         opts: &SocketOptions,
     ) -> Result<Socket, SocketError> {
         let sock = configured(self, remote, Type::STREAM, Protocol::TCP, opts)?;
+        let port_at_connect = local.is_some_and(|l| l.port() == 0);
+        if port_at_connect {
+            // Choose the port at connect time (per 4-tuple), not at bind time.
+            imp::set_bind_address_no_port(&sock).map_err(|source| SocketError::Option {
+                option: "IP_BIND_ADDRESS_NO_PORT",
+                source,
+            })?;
+        }
+        if port_at_connect || (local.is_none() && opts.sequential_port_search) {
+            // A proxy makes many connections from one client's address to one app port:
+            // keep the kernel's port search short once TIME-WAIT holds most of the range.
+            imp::set_sequential_port_search(&sock).map_err(|source| SocketError::Option {
+                option: "IP_LOCAL_PORT_RANGE",
+                source,
+            })?;
+        }
         if let Some(local) = local {
-            if local.port() == 0 {
-                // Choose the port at connect time (per 4-tuple), not at bind time.
-                imp::set_bind_address_no_port(&sock).map_err(|source| SocketError::Option {
-                    option: "IP_BIND_ADDRESS_NO_PORT",
-                    source,
-                })?;
-                // A source-preserving proxy makes many connections from one client's
-                // address to one app port: keep the kernel's port search short once
-                // TIME-WAIT holds most of the range.
-                imp::set_sequential_port_search(&sock).map_err(|source| SocketError::Option {
-                    option: "IP_LOCAL_PORT_RANGE",
-                    source,
-                })?;
-            }
             bind(&sock, local)?;
         }
         Ok(sock)

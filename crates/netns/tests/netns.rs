@@ -555,14 +555,15 @@ fn per_socket_port_ranges_or_skip(test: &str) -> bool {
     false
 }
 
-/// A source-bound socket's port is searched over both parities from where the last search
+/// A source-bound socket's port (and an unbound one's with `sequential_port_search`, a
+/// proxy's passthrough connect) is searched over both parities from where the last search
 /// to the same destination ended (a per-socket port range), not over the even ports first
 /// as a plain `connect(2)`'s is. The even-first search is what walks every TIME-WAIT socket
 /// of a busy client address before it finds a port (BENCHMARKS.md, "Kernel-default pod
 /// sysctls"); both parities are what shows the factory's sockets leave it.
 #[test]
-fn source_bound_connects_search_ports_of_both_parities() {
-    let test = "source_bound_connects_search_ports_of_both_parities";
+fn port_at_connect_searches_both_parities() {
+    let test = "port_at_connect_searches_both_parities";
     if !netns_capable_or_skip(test) || !per_socket_port_ranges_or_skip(test) {
         return;
     }
@@ -571,7 +572,7 @@ fn source_bound_connects_search_ports_of_both_parities() {
         std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "40000 40007")
             .expect("narrowing the port range");
         // Listeners on fixed ports outside the range; each is one destination.
-        let listeners: Vec<TcpListener> = (5001..=5006)
+        let listeners: Vec<TcpListener> = (5001..=5011)
             .map(|p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).expect("listener"))
             .collect();
         let (plain_dst, factory_dsts) = listeners.split_first().unwrap();
@@ -585,27 +586,42 @@ fn source_bound_connects_search_ports_of_both_parities() {
             .collect();
         ports.sort_unstable();
         assert_eq!(ports, [40000, 40002, 40004, 40006], "plain connects");
-        // The same from the factory, to five destinations: all 20 ports even would happen
-        // about once in a million runs with a search over both parities.
+        // The same from the factory, each case to five destinations of its own: all 20
+        // ports even would happen about once in a million runs with a search over both
+        // parities.
         let client = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let opted_in = SocketOptions {
+            sequential_port_search: true,
+            ..SocketOptions::default()
+        };
+        let cases = [
+            (
+                "source-bound, port 0",
+                Some(client),
+                SocketOptions::default(),
+            ),
+            ("not bound, opted in", None, opted_in),
+        ];
         let mut held = Vec::new();
-        let mut odd = 0;
-        for dst in factory_dsts {
-            let dst = dst.local_addr().unwrap();
-            for _ in 0..4 {
-                let sock = DefaultSocketFactory
-                    .new_tcp_stream_socket(dst, Some(client), &SocketOptions::default())
-                    .expect("source-bound socket");
-                sock.set_nonblocking(false).expect("blocking");
-                sock.connect_timeout(&dst.into(), Duration::from_secs(5))
-                    .expect("source-bound connect");
-                let port = sock.local_addr().unwrap().as_socket().unwrap().port();
-                assert!((40000..=40007).contains(&port), "{port}");
-                odd += usize::from(port % 2 == 1);
-                held.push(sock);
+        for ((case, local, opts), dsts) in cases.iter().zip(factory_dsts.chunks(5)) {
+            let mut odd = 0;
+            for dst in dsts {
+                let dst = dst.local_addr().unwrap();
+                for _ in 0..4 {
+                    let sock = DefaultSocketFactory
+                        .new_tcp_stream_socket(dst, *local, opts)
+                        .expect(case);
+                    sock.set_nonblocking(false).expect("blocking");
+                    sock.connect_timeout(&dst.into(), Duration::from_secs(5))
+                        .expect(case);
+                    let port = sock.local_addr().unwrap().as_socket().unwrap().port();
+                    assert!((40000..=40007).contains(&port), "{case}: {port}");
+                    odd += usize::from(port % 2 == 1);
+                    held.push(sock);
+                }
             }
+            assert!(odd > 0, "{case}: 20 connects, every port even");
         }
-        assert!(odd > 0, "20 source-bound connects, every port even");
     })
     .expect("in_netns");
 }

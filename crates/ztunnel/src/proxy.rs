@@ -93,6 +93,9 @@ impl ProxyInputs {
             nodelay: true,
             keepalive: keepalive(&self.cfg),
             reuse_address: false,
+            // Passthrough and dedicated-mode connects are not source-bound, but share the
+            // pod's 4-tuples to one destination with the application's own connects.
+            sequential_port_search: true,
             ..SocketOptions::default()
         }
     }
