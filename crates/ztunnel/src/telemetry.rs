@@ -16,6 +16,7 @@ pub mod metrics;
 mod process;
 pub mod server;
 
+use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::hash::Hash;
@@ -60,22 +61,41 @@ pub(crate) type ShareTable<T> = RefCell<HashSet<Arc<T>>>;
 /// pointer instead of a copy. A full table starts over; outside a thread-local context the
 /// value is simply boxed.
 pub(crate) fn share<T: Eq + Hash>(table: &'static LocalKey<ShareTable<T>>, value: T) -> Arc<T> {
-    let mut value = Some(value);
+    share_by(table, value, |_| true, |v| v)
+}
+
+/// [`share`] for values found by a key they borrow as: the entry equal to `key` if
+/// `reusable` accepts it, else `make(key)`, which then replaces it in the table.
+pub(crate) fn share_by<K: Eq + Hash, T: Eq + Hash>(
+    table: &'static LocalKey<ShareTable<T>>,
+    key: K,
+    reusable: impl Fn(&T) -> bool,
+    make: impl FnOnce(K) -> T,
+) -> Arc<T>
+where
+    Arc<T>: Borrow<K>,
+{
+    let mut parts = Some((key, make));
     table
         .try_with(|set| {
+            let (key, make) = parts.take().expect("taken once");
             let mut set = set.borrow_mut();
-            let v = value.take().expect("taken once");
-            if let Some(shared) = set.get(&v) {
+            if let Some(shared) = set.get(&key)
+                && reusable(shared)
+            {
                 return shared.clone();
             }
             if set.len() >= SHARE_CAPACITY {
                 set.clear();
             }
-            let shared = Arc::new(v);
-            set.insert(shared.clone());
+            let shared = Arc::new(make(key));
+            set.replace(shared.clone());
             shared
         })
-        .unwrap_or_else(|_| Arc::new(value.take().expect("not taken when the table is gone")))
+        .unwrap_or_else(|_| {
+            let (key, make) = parts.take().expect("not taken when the table is gone");
+            Arc::new(make(key))
+        })
 }
 
 #[cfg(test)]

@@ -21,8 +21,6 @@
 mod labels;
 
 use std::borrow::Borrow;
-use std::cell::RefCell;
-use std::collections::HashSet;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -311,27 +309,12 @@ impl Metrics {
     /// This registry's counters for `labels`, from this thread's table (one hash of the
     /// labels) or, for the label set's first connection on this thread, from the families.
     fn label_set(&self, labels: TrafficLabels) -> Arc<LabelSet> {
-        let mut labels = Some(labels);
-        LABEL_SETS
-            .try_with(|table| {
-                let labels = labels.take().expect("taken once");
-                let mut table = table.borrow_mut();
-                if let Some(set) = table.get(&labels)
-                    && set.registry == self.inner.id
-                {
-                    return set.clone();
-                }
-                let set = Arc::new(self.new_label_set(labels));
-                if table.len() >= super::SHARE_CAPACITY {
-                    table.clear();
-                }
-                table.replace(set.clone());
-                set
-            })
-            .unwrap_or_else(|_| {
-                let labels = labels.take().expect("not taken when the table is gone");
-                Arc::new(self.new_label_set(labels))
-            })
+        super::share_by(
+            &LABEL_SETS,
+            labels,
+            |set| set.registry == self.inner.id,
+            |labels| self.new_label_set(labels),
+        )
     }
 
     fn new_label_set(&self, labels: TrafficLabels) -> LabelSet {
@@ -578,7 +561,7 @@ impl Borrow<TrafficLabels> for Arc<LabelSet> {
 thread_local! {
     /// A full table starts over (handed-out sets stay valid); outside a thread-local
     /// context a connection gets a set of its own.
-    static LABEL_SETS: RefCell<HashSet<Arc<LabelSet>>> = Default::default();
+    static LABEL_SETS: super::ShareTable<LabelSet> = Default::default();
 }
 
 impl Drop for ConnectionGuard {
